@@ -1,0 +1,42 @@
+"""Atomic file writes: a reader sees the old file or the new one, never a partial one."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
+    """Call ``write(tmp_path)`` on a dot-prefixed temp file beside ``path``, fsync, rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically."""
+    return atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+
+
+def atomic_write_json(path: str | os.PathLike, payload: Any) -> Path:
+    """Write ``payload`` as indented JSON to ``path`` atomically."""
+    return atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    """Read a JSON file."""
+    return json.loads(Path(path).read_text())

@@ -1,0 +1,85 @@
+"""Precision specification for MX emulation (torch-free so configs load fast)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+
+MX_FORMATS = ("fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1", "int8")
+ELEMENTWISE_FORMATS = ("bf16", "fp16", "fp32")
+FORMATS = MX_FORMATS + ELEMENTWISE_FORMATS
+SCALE_RULES = ("floor", "rceil", "ceil", "even")
+ROUNDINGS = ("even", "half_away")
+
+ScaleRule = Literal["floor", "rceil", "ceil", "even"]
+Rounding = Literal["even", "half_away"]
+
+
+def check_format(name: str) -> str:
+    """Return ``name`` if it is a known format, else raise ValueError listing the allowed ones."""
+    if name not in FORMATS:
+        raise ValueError(f"unknown format {name!r}; allowed: {', '.join(FORMATS)}")
+    return name
+
+
+class PrecisionSpec(BaseModel):
+    """Formats per GEMM role plus the MX options the paper varied.
+
+    Backward formats default to the forward ones. ``quantize_backward=False`` is the paper's
+    forward-only mitigation. ``ln`` says how LayerNorm affine parameters are treated:
+    quantized in real MX blocks ("mx"), rounded to bf16 ("bf16", what the paper's code did)
+    or left alone ("none").
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    w_fmt: str = "fp32"
+    a_fmt: str = "fp32"
+    grad_fmt: str | None = None
+    bwd_w_fmt: str | None = None
+    bwd_a_fmt: str | None = None
+    block_size: int = 32
+    scale_rule: ScaleRule = "floor"
+    rounding: Rounding = "half_away"
+    quantize_backward: bool = True
+    elementwise: Literal["bf16", "none"] = "none"
+    ln: Literal["mx", "bf16", "none"] = "none"
+    quantize_gelu: bool = True
+
+    @field_validator("w_fmt", "a_fmt", "grad_fmt", "bwd_w_fmt", "bwd_a_fmt")
+    @classmethod
+    def _known_format(cls, value: str | None) -> str | None:
+        return None if value is None else check_format(value)
+
+    @field_validator("block_size")
+    @classmethod
+    def _positive_block(cls, value: int) -> int:
+        if value <= 0:
+            raise ValueError(f"block_size must be > 0, got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _fill_backward(self) -> PrecisionSpec:
+        # Backward roles inherit the forward formats unless given.
+        defaults = {"grad_fmt": self.a_fmt, "bwd_w_fmt": self.w_fmt, "bwd_a_fmt": self.a_fmt}
+        for field, value in defaults.items():
+            if getattr(self, field) is None:
+                object.__setattr__(self, field, value)
+        return self
+
+    @property
+    def label(self) -> str:
+        """Short configuration name in the paper's style: ``<w>_<a>`` plus variants."""
+        name = f"{self.w_fmt}_{self.a_fmt}"
+        if not self.quantize_backward:
+            name += "_quantize_only_fwd"
+        if self.block_size != 32:
+            name += f"_block_size_{self.block_size}"
+        return name
+
+    @property
+    def is_noop(self) -> bool:
+        """True when applying this spec cannot change any value (pure fp32)."""
+        formats = {self.w_fmt, self.a_fmt, self.grad_fmt, self.bwd_w_fmt, self.bwd_a_fmt}
+        return formats == {"fp32"} and self.elementwise == "none" and self.ln == "none"

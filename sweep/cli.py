@@ -1,0 +1,241 @@
+"""The `sweep` command line: launch, plan, status, run, analyze, schema, cancel, logs, clean.
+
+Configuration errors exit with code 2 and a message naming file, key and allowed values;
+nothing is launched in that case.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from sweep.grid import GridError
+from sweep.store import SweepError, SweepStore
+
+app = typer.Typer(no_args_is_help=True, add_completion=False,
+                  help="Sweep, train and analyse MX low-precision scaling studies.")
+# Piped output (CI logs, files) gets wide tables instead of Rich's 80-column default.
+console = Console(width=None if sys.stdout.isatty() else 200)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+
+SweepDirArg = Annotated[Path, typer.Argument(help="sweep folder (holds runs/)")]
+
+
+def _fail(message: str) -> None:
+    err_console.print(f"[red]error:[/red] {message}", highlight=False)
+    raise typer.Exit(2)
+
+
+def _open_store(sweep_dir: Path) -> SweepStore:
+    store = SweepStore(sweep_dir)
+    if not store.runs_dir.is_dir():
+        _fail(f"{sweep_dir}: not a sweep folder (no runs/ inside); launch a grid first")
+    return store
+
+
+@app.command()
+def launch(
+    grid: Annotated[Path, typer.Argument(help="grid YAML")],
+    sweep_dir: Annotated[Path | None, typer.Option(help="default: sweeps/<grid name>")] = None,
+    executor: Annotated[str | None, typer.Option(
+        help="local | slurm | ray | auto (slurm if sbatch exists)")] = None,
+    workers: Annotated[int | None, typer.Option(help="local/ray: parallel runs")] = None,
+    retry_failed: Annotated[bool, typer.Option(help="resubmit failed/cancelled runs")] = False,
+    update_grid: Annotated[bool, typer.Option(help="accept a changed grid")] = False,
+    dry_run: Annotated[bool, typer.Option(help="show the plan, run nothing")] = False,
+    partition: Annotated[str | None, typer.Option(help="SLURM partition")] = None,
+    account: Annotated[str | None, typer.Option(help="SLURM account")] = None,
+    qos: Annotated[str | None, typer.Option(help="SLURM QOS")] = None,
+    array_parallelism: Annotated[int | None, typer.Option(help="SLURM %% limit")] = None,
+    ray_address: Annotated[str | None, typer.Option(help="Ray cluster (default local)")] = None,
+) -> None:
+    """Expand GRID into runs and run those not yet finished (idempotent)."""
+    from sweep.launch import LaunchOptions
+    from sweep.launch import launch as do_launch
+    from sweep.progress import LaunchProgress
+
+    if dry_run:
+        plan(grid)
+        return
+    progress = LaunchProgress(console)
+    options = LaunchOptions(executor, workers, retry_failed, update_grid, False, partition,
+                            account, qos, array_parallelism, ray_address,
+                            on_event=progress.on_event)
+    try:
+        with progress:
+            result = do_launch(grid, sweep_dir, options, on_start=progress.start)
+    except (GridError, SweepError) as err:
+        _fail(str(err))
+    skipped = ", ".join(f"{n} {s}" for s, n in sorted(result.skipped.items())) or "none"
+    console.print(f"{len(result.expansion.runs)} runs in grid; submitted "
+                  f"{len(result.to_submit)} via {result.executor}; skipped: {skipped}")
+    console.print(f"sweep folder: {result.sweep_dir}")
+    if progress.failures:
+        console.print(f"[red]{progress.failures} run(s) failed[/red]: `sweep status "
+                      f"{result.sweep_dir}` shows why")
+
+
+@app.command()
+def plan(
+    grid: Annotated[Path, typer.Argument(help="grid YAML")],
+    gpu_tflops: Annotated[float, typer.Option(
+        help="sustained TFLOP/s per GPU for the GPU-hour estimate")] = 150.0,
+    cpu_gflops: Annotated[float, typer.Option(
+        help="sustained GFLOP/s per core for the core-hour estimate")] = 10.0,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Show the runs GRID expands to (N, D, C, steps) and the totals, running nothing."""
+    from sweep.grid import expand_grid, load_grid, total_flops
+    from sweep.plan import plan_rows, render_plan
+
+    try:
+        expansion = expand_grid(load_grid(grid), grid)
+    except GridError as err:
+        _fail(str(err))
+    rows = plan_rows(expansion.runs)
+    flops = total_flops(expansion.runs)
+    totals = {"runs": len(rows), "flops": flops, "dropped": expansion.dropped,
+              "gpu_hours": flops / (gpu_tflops * 1e12) / 3600,
+              "cpu_core_hours": flops / (cpu_gflops * 1e9) / 3600,
+              "assumed_gpu_tflops": gpu_tflops, "assumed_cpu_gflops": cpu_gflops}
+    if as_json:
+        print(json.dumps({"runs": rows, "totals": totals}, indent=2))
+        return
+    render_plan(rows, totals, console)
+
+
+@app.command()
+def status(
+    sweep_dir: SweepDirArg,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    runs: Annotated[bool, typer.Option(help="also list every run")] = True,
+) -> None:
+    """Where every run of SWEEP_DIR stands: counts by state, then one row per run."""
+    from sweep.launch import scheduler_view
+    from sweep.status import render, run_row, state_counts
+
+    store = _open_store(sweep_dir)
+    rows = [run_row(r) for r in store.records(scheduler_view(store))]
+    if as_json:
+        print(json.dumps({"counts": state_counts(rows), "runs": rows}, indent=2))
+        return
+    render(rows, console, show_runs=runs)
+
+
+@app.command()
+def run(run_dir: Annotated[Path, typer.Argument(help="one run folder")]) -> None:
+    """Train one run folder (what every executor calls)."""
+    from sweep.run import execute
+
+    if not (run_dir / "spec.json").is_file():
+        _fail(f"{run_dir}: no spec.json; not a run folder")
+    raise typer.Exit(execute(run_dir))
+
+
+@app.command()
+def analyze(
+    sweep_dir: Annotated[Path | None, typer.Argument(help="sweep folder")] = None,
+    paper: Annotated[bool, typer.Option(help="use the paper's published runs")] = False,
+    plot: Annotated[list[str] | None, typer.Option(
+        help="scaling|contours|curves|instability|frontier|all (repeatable)")] = None,
+    table: Annotated[list[str] | None, typer.Option(
+        help="fits|instability|mitigations|all (repeatable)")] = None,
+    out: Annotated[Path | None, typer.Option(help="output folder")] = None,
+) -> None:
+    """Fit scaling laws, tabulate instabilities and draw figures."""
+    from analysis.report import analyze as run_analysis
+
+    if (sweep_dir is None) == (not paper):
+        _fail("give a SWEEP_DIR or --paper (one of them)")
+    out_dir = out or (Path("figures/paper") if paper else sweep_dir / "figures")
+    plots, tables = plot or [], table or []
+    if not plots and not tables:
+        plots = ["scaling"]
+    try:
+        written = run_analysis(sweep_dir, paper=paper, plots=plots, tables=tables,
+                               out_dir=out_dir)
+    except ValueError as err:
+        _fail(str(err))
+    for path in written:
+        console.print(f"wrote {path}")
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of the grid format (for editors)."""
+    from sweep.grid import grid_json_schema
+
+    print(json.dumps(grid_json_schema(), indent=2))
+
+
+@app.command()
+def cancel(
+    sweep_dir: SweepDirArg,
+    run_ids: Annotated[list[str] | None, typer.Argument(help="runs (default: all)")] = None,
+) -> None:
+    """Cancel queued or running runs (all of the sweep's, or the ones named)."""
+    from sweep.cancel import cancel_runs
+
+    store = _open_store(sweep_dir)
+    try:
+        cancelled = cancel_runs(store, run_ids or None)
+    except SweepError as err:
+        _fail(str(err))
+    console.print(f"cancelled {len(cancelled)} run(s)")
+
+
+@app.command()
+def logs(
+    sweep_dir: SweepDirArg,
+    run_id: Annotated[str, typer.Argument(help="run id (a unique prefix is enough)")],
+    attempt: Annotated[int | None, typer.Option(help="default: latest")] = None,
+) -> None:
+    """Print the log of one run's latest (or given) attempt."""
+    store = _open_store(sweep_dir)
+    matches = [rid for rid in store.run_ids() if rid.startswith(run_id)]
+    if len(matches) != 1:
+        _fail(f"run id {run_id!r} matches {len(matches)} runs of {sweep_dir}")
+    log_dir = store.runs_dir / matches[0] / "logs"
+    files = sorted(log_dir.glob("attempt-*"), key=lambda p: (len(p.name), p.name))
+    if attempt is not None:
+        files = [p for p in files if p.stem == f"attempt-{attempt}"]
+    if not files:
+        _fail(f"{log_dir}: no logs yet")
+    for path in files[-2:] if attempt is None else files:
+        console.rule(str(path))
+        sys.stdout.write(path.read_text(errors="replace"))
+
+
+@app.command()
+def clean(
+    sweep_dir: SweepDirArg,
+    failed: Annotated[bool, typer.Option(help="reset failed/cancelled/stale runs")] = False,
+) -> None:
+    """Reset failed runs to pending (their files are removed; the spec stays)."""
+    if not failed:
+        _fail("nothing to clean: pass --failed")
+    store = _open_store(sweep_dir)
+    reset = 0
+    with store.lock():
+        for record in store.records():
+            if record.state in ("failed", "cancelled", "stale"):
+                for child in record.run_dir.iterdir():
+                    if child.name != "spec.json":
+                        shutil.rmtree(child) if child.is_dir() else child.unlink()
+                reset += 1
+    console.print(f"reset {reset} run(s) to pending at {time.strftime('%H:%M:%S')}")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

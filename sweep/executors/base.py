@@ -1,0 +1,51 @@
+"""The small interface every executor implements, and the submission record it leaves."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+# What the scheduler can tell about a submitted run; run markers say the rest.
+SCHEDULER_STATES = ("queued", "running", "gone", "unknown")
+
+
+@dataclass
+class Submission:
+    """One attempt of one run handed to an executor (persisted as submitted.json)."""
+
+    run_id: str
+    executor: str
+    job_id: str | None
+    attempt: int
+    submitted_at: float = field(default_factory=time.time)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, payload: dict) -> Submission:
+        return cls(**{k: payload[k] for k in ("run_id", "executor", "job_id", "attempt",
+                                              "submitted_at") if k in payload})
+
+
+class Executor(Protocol):
+    """Submit run folders, ask the scheduler about them, cancel them."""
+
+    name: str
+
+    def submit(self, run_dirs: list[Path], attempts: dict[str, int]) -> list[Submission]:
+        """Start (or queue) each run folder; return one Submission per run."""
+
+    def query(self, submissions: list[Submission]) -> dict[str, str]:
+        """Map run_id to one of SCHEDULER_STATES for runs the scheduler may still hold."""
+
+    def cancel(self, submissions: list[Submission]) -> None:
+        """Stop these runs if queued or running."""
+
+
+def run_command(run_dir: Path) -> list[str]:
+    """The single entry point every executor runs for a run folder."""
+    return [sys.executable, "-m", "sweep.run", str(run_dir)]

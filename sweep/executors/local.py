@@ -1,0 +1,126 @@
+"""Local executor: a pool of long-lived worker processes on this machine.
+
+Workers import torch and the training code once, so a run starts in well under a second
+after dispatch; each run's output goes to its own log file. ``submit`` blocks until every
+run has ended and reports progress through a callback.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from pathlib import Path
+
+from sweep.executors.base import Submission
+
+
+@dataclass
+class RunOutcome:
+    """How one run ended in a worker."""
+
+    run_id: str
+    exit_code: int
+    seconds: float
+    dispatch_to_start_s: float
+
+
+OnEvent = Callable[[str, str, RunOutcome | None], None]  # (event, run_id, outcome)
+
+
+def _warm_worker(threads: int) -> None:
+    """Pool initializer: pay torch's import once per worker, not once per run."""
+    import models.train  # noqa: F401
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def _run_in_worker(run_dir: str, attempt: int, dispatched_at: float) -> RunOutcome:
+    from sweep.run import execute
+
+    started = time.time()
+    log_dir = Path(run_dir) / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    # Redirect at the file-descriptor level so C++/torch warnings land in the run's log too.
+    saved = os.dup(1), os.dup(2)
+    with open(log_dir / f"attempt-{attempt}.log", "ab", buffering=0) as log:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            code = execute(run_dir)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+    return RunOutcome(Path(run_dir).name, code, time.time() - started, started - dispatched_at)
+
+
+class LocalExecutor:
+    """Runs each run folder in a pool of ``workers`` processes (default: cores / cpus)."""
+
+    name = "local"
+
+    def __init__(self, workers: int | None = None, cpus_per_run: int = 1,
+                 on_event: OnEvent | None = None):
+        cores = os.cpu_count() or 1
+        self.workers = workers or max(1, cores // cpus_per_run)
+        self.cpus_per_run = cpus_per_run
+        self.on_event = on_event or (lambda event, run_id, outcome: None)
+
+    def submit(self, run_dirs: list[Path], attempts: dict[str, int]) -> list[Submission]:
+        """Run everything; return the submissions once all runs have ended."""
+        submissions = [Submission(d.name, self.name, f"local-{os.getpid()}", attempts[d.name])
+                       for d in run_dirs]
+        remaining = list(run_dirs)
+        while remaining:
+            remaining = self._run_pool(remaining, attempts)
+        return submissions
+
+    def _run_pool(self, run_dirs: list[Path], attempts: dict[str, int]) -> list[Path]:
+        """Run a batch; if a worker dies, return the runs that never started, to rerun."""
+        context = multiprocessing.get_context("spawn")
+        unstarted: list[Path] = []
+        with ProcessPoolExecutor(self.workers, mp_context=context, initializer=_warm_worker,
+                                 initargs=(self.cpus_per_run,)) as pool:
+            futures: dict[Future, Path] = {}
+            for run_dir in run_dirs:
+                futures[pool.submit(_run_in_worker, str(run_dir), attempts[run_dir.name],
+                                    time.time())] = run_dir
+            pending = set(futures)
+            while pending:
+                done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+                for future in done:
+                    run_dir = futures[future]
+                    try:
+                        outcome = future.result()
+                    except BrokenProcessPool:
+                        if _started(run_dir):
+                            self.on_event("crashed", run_dir.name, None)
+                        else:
+                            unstarted.append(run_dir)
+                        continue
+                    event = {0: "done", 75: "preempted"}.get(outcome.exit_code, "failed")
+                    self.on_event(event, run_dir.name, outcome)
+        return unstarted
+
+    def query(self, submissions: list[Submission]) -> dict[str, str]:
+        """A finished local launch holds nothing: markers and the launcher's pid say the rest."""
+        return {}
+
+    def cancel(self, submissions: list[Submission]) -> None:
+        """Local runs stop with their launcher (Ctrl-C checkpoints them)."""
+
+
+def _started(run_dir: Path) -> bool:
+    return (run_dir / "state.json").exists()

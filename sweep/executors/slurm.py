@@ -1,0 +1,314 @@
+"""SLURM executor: submitit job arrays chunked under MaxArraySize, requeue on preemption.
+
+Each array task runs the run's command as a child process, forwards SIGTERM/SIGUSR2 to it
+and, when the child exits with EX_TEMPFAIL (75: it checkpointed and wants to continue),
+requeues itself so the run resumes from its checkpoint in the same job id.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from sweep.executors.base import Submission, run_command
+
+EX_TEMPFAIL = 75
+_QUEUED = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
+_RUNNING = {
+    "RUNNING",
+    "COMPLETING",
+    "CONFIGURING",
+    "SUSPENDED",
+    "STOPPED",
+    "RESIZING",
+    "SIGNALING",
+    "STAGE_OUT",
+}
+# "12_[0-3,7%2]": the pending remainder of an array, folded into one scheduler record.
+_FOLDED_ARRAY = re.compile(r"^(?P<job>\d+)_\[(?P<ranges>[\d,\-]+)(?:%\d+)?\]$")
+_PR_SET_PDEATHSIG = 1
+_SCHEDULER_TIMEOUT_S = 60
+
+
+class SlurmUnavailableError(RuntimeError):
+    """sbatch is missing or the SLURM controller does not answer."""
+
+
+def slurm_available() -> bool:
+    """True when sbatch is on PATH and `scontrol ping` reports the controller UP."""
+    if shutil.which("sbatch") is None or shutil.which("scontrol") is None:
+        return False
+    ping = _scheduler(["scontrol", "ping"])
+    return ping.returncode == 0 and "UP" in ping.stdout
+
+
+def read_max_array_size() -> int:
+    """MaxArraySize of the cluster, from `scontrol show config`."""
+    config = _scheduler(["scontrol", "show", "config"])
+    if config.returncode != 0:
+        raise SlurmUnavailableError(f"`scontrol show config` failed: {config.stderr.strip()}")
+    match = re.search(r"^MaxArraySize\s*=\s*(\d+)", config.stdout, re.MULTILINE)
+    if match is None:
+        raise SlurmUnavailableError("`scontrol show config` has no MaxArraySize line")
+    return int(match.group(1))
+
+
+def chunk_runs(items: Sequence[Any], max_array_size: int) -> list[list[Any]]:
+    """Split items into arrays whose size stays below max_array_size (task ids 0..size-1)."""
+    if max_array_size < 2:
+        raise ValueError(f"max_array_size must be >= 2, got {max_array_size}")
+    size = max_array_size - 1
+    return [list(items[i : i + size]) for i in range(0, len(items), size)]
+
+
+def scheduler_state(slurm_state: str) -> str:
+    """Map a SLURM job state ("CANCELLED by 0", "RUNNING", ...) to a SCHEDULER_STATES value."""
+    word = slurm_state.split()[0].rstrip("+") if slurm_state.strip() else ""
+    if word in _QUEUED:
+        return "queued"
+    if word in _RUNNING:
+        return "running"
+    return "gone"
+
+
+def parse_job_states(lines: Iterable[str]) -> dict[str, str]:
+    """Parse "jobid|STATE" lines (sacct -P / squeue) into {"<array>_<task>": SLURM state}.
+
+    Folded pending records such as "12_[0-3%2]" are expanded to one entry per task.
+    """
+    states: dict[str, str] = {}
+    for line in lines:
+        if "|" not in line:
+            continue
+        job_id, state = (part.strip() for part in line.split("|", 1))
+        folded = _FOLDED_ARRAY.match(job_id)
+        if folded is None:
+            states[job_id] = state
+            continue
+        for task in _expand_ranges(folded.group("ranges")):
+            states[f"{folded.group('job')}_{task}"] = state
+    return states
+
+
+def _expand_ranges(ranges: str) -> list[int]:
+    tasks: list[int] = []
+    for part in ranges.split(","):
+        low, _, high = part.partition("-")
+        tasks.extend(range(int(low), int(high or low) + 1))
+    return tasks
+
+
+def _scheduler(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(
+            argv, capture_output=True, text=True, timeout=_SCHEDULER_TIMEOUT_S, check=False
+        )
+    except (FileNotFoundError, subprocess.TimeoutExpired) as err:
+        return subprocess.CompletedProcess(argv, 127, "", str(err))
+
+
+def _die_with_parent() -> None:
+    # A run must not outlive the task that watches it (e.g. after SIGKILL of the task).
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def launch_logged(argv: list[str], run_dir: Path, attempt: int) -> subprocess.Popen[bytes]:
+    """Start argv with stdout/stderr appended to <run_dir>/logs/attempt-<attempt>.out|err."""
+    logs = run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    with (
+        open(logs / f"attempt-{attempt}.out", "ab") as out,
+        open(logs / f"attempt-{attempt}.err", "ab") as err,
+    ):
+        return subprocess.Popen(
+            argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent
+        )
+
+
+def run_array_task(argv: list[str], run_dir: str, attempt: int) -> int:
+    """Body of one array task: run the command, forward preemption signals, requeue on 75."""
+    child = launch_logged(argv, Path(run_dir), attempt)
+
+    def forward(signum: int, _frame: object) -> None:
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    # Replaces submitit's own handlers: the child decides how to checkpoint.
+    for signum in (signal.SIGTERM, signal.SIGUSR2):
+        signal.signal(signum, forward)
+    returncode = child.wait()
+    if returncode == EX_TEMPFAIL:
+        _requeue_self()
+        return returncode
+    if returncode != 0:
+        raise RuntimeError(f"{argv[0]} for {run_dir} exited with {returncode}; see its logs/")
+    return returncode
+
+
+def _requeue_self() -> None:
+    job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    result = _scheduler(["scontrol", "requeue", job])
+    # A cancelled or timed-out job cannot be requeued; preemption may have requeued it already.
+    if result.returncode != 0:
+        print(f"requeue of {job} refused: {result.stderr.strip()}", file=sys.stderr)
+
+
+class SlurmExecutor:
+    """Submit run folders as submitit job arrays, one sbatch per chunk below MaxArraySize."""
+
+    name = "slurm"
+
+    def __init__(
+        self,
+        sweep_dir: Path,
+        *,
+        partition: str | None = None,
+        account: str | None = None,
+        qos: str | None = None,
+        time_min: int = 60,
+        cpus_per_task: int = 1,
+        gpus_per_task: int = 0,
+        mem_gb: float | None = None,
+        array_parallelism: int | None = None,
+        extra: dict[str, Any] | None = None,
+        command: Callable[[Path], list[str]] = run_command,
+        max_array_size: int | None = None,
+    ) -> None:
+        if shutil.which("sbatch") is None:
+            raise SlurmUnavailableError(
+                "sbatch not found on PATH: the slurm executor needs a SLURM client "
+                "(try slurm/local-cluster.sh up, or --executor local)"
+            )
+        _check_at_least("time_min", time_min, 1)
+        _check_at_least("cpus_per_task", cpus_per_task, 1)
+        _check_at_least("gpus_per_task", gpus_per_task, 0)
+        if array_parallelism is not None:
+            _check_at_least("array_parallelism", array_parallelism, 1)
+        if max_array_size is not None:
+            _check_at_least("max_array_size", max_array_size, 2)
+        if mem_gb is not None and mem_gb <= 0:
+            raise ValueError(f"mem_gb must be > 0, got {mem_gb}")
+        self.folder = Path(sweep_dir) / "slurm"
+        self.command = command
+        self.array_parallelism = array_parallelism
+        self.max_array_size = max_array_size
+        self.parameters = _sbatch_parameters(
+            job_name=f"sweep-{Path(sweep_dir).name}",
+            partition=partition,
+            account=account,
+            qos=qos,
+            time_min=time_min,
+            cpus_per_task=cpus_per_task,
+            gpus_per_task=gpus_per_task,
+            mem_gb=mem_gb,
+            extra=extra,
+        )
+
+    def submit(self, run_dirs: list[Path], attempts: dict[str, int]) -> list[Submission]:
+        """Submit one array per chunk; job ids are "<array>_<task>"."""
+        if not run_dirs:
+            return []
+        import submitit  # imported here: it is only needed where sbatch exists
+
+        limit = self.max_array_size or read_max_array_size()
+        submissions: list[Submission] = []
+        for chunk in chunk_runs(run_dirs, limit):
+            executor = submitit.SlurmExecutor(folder=self.folder)
+            executor.update_parameters(
+                **self.parameters, array_parallelism=self.array_parallelism or len(chunk)
+            )
+            chunk_attempts = [attempts.get(run_dir.name, 1) for run_dir in chunk]
+            jobs = executor.map_array(
+                run_array_task,
+                [self.command(run_dir) for run_dir in chunk],
+                [str(run_dir) for run_dir in chunk],
+                chunk_attempts,
+            )
+            submissions += [
+                Submission(run_dir.name, self.name, job.job_id, attempt)
+                for run_dir, job, attempt in zip(chunk, jobs, chunk_attempts, strict=True)
+            ]
+        return submissions
+
+    def query(self, submissions: list[Submission]) -> dict[str, str]:
+        """sacct first, squeue for what accounting does not (yet) know; unreachable: unknown."""
+        by_job = {sub.job_id: sub.run_id for sub in submissions if sub.job_id}
+        if not by_job:
+            return {}
+        arrays = sorted({job_id.split("_")[0] for job_id in by_job})
+        known = _sacct_states(arrays)
+        if not set(by_job) <= set(known):
+            # Accounting off, or it lags a fresh submission: the controller knows better.
+            squeue = _squeue_states(arrays)
+            if squeue is None:
+                return {
+                    run: scheduler_state(known[job]) if job in known else "unknown"
+                    for job, run in by_job.items()
+                }
+            known = {**known, **squeue}
+        return {run: scheduler_state(known.get(job, "")) for job, run in by_job.items()}
+
+    def cancel(self, submissions: list[Submission]) -> None:
+        """scancel the submissions' array tasks (finished ones are ignored by SLURM)."""
+        job_ids = [sub.job_id for sub in submissions if sub.job_id]
+        if job_ids:
+            _scheduler(["scancel", *job_ids])
+
+
+def _check_at_least(label: str, value: int, low: int) -> None:
+    if value < low:
+        raise ValueError(f"{label} must be >= {low}, got {value}")
+
+
+def _sbatch_parameters(
+    *,
+    job_name: str,
+    partition: str | None,
+    account: str | None,
+    qos: str | None,
+    time_min: int,
+    cpus_per_task: int,
+    gpus_per_task: int,
+    mem_gb: float | None,
+    extra: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """submitit.SlurmExecutor parameters; only the set ones, so cluster defaults apply."""
+    params: dict[str, Any] = {
+        "job_name": job_name,
+        "time": time_min,
+        "cpus_per_task": cpus_per_task,
+        # Without --requeue a cluster with JobRequeue=0 refuses `scontrol requeue`.
+        "additional_parameters": {"requeue": True, **(extra or {})},
+    }
+    optional = {"partition": partition, "account": account, "qos": qos}
+    params.update({key: value for key, value in optional.items() if value is not None})
+    if gpus_per_task:
+        params["gpus_per_task"] = gpus_per_task
+    if mem_gb is not None:
+        params["mem"] = f"{max(1, round(mem_gb * 1024))}M"
+    return params
+
+
+def _sacct_states(arrays: list[str]) -> dict[str, str]:
+    result = _scheduler(["sacct", "-n", "-P", "-X", "-o", "JobID,State", "-j", ",".join(arrays)])
+    return parse_job_states(result.stdout.splitlines()) if result.returncode == 0 else {}
+
+
+def _squeue_states(arrays: list[str]) -> dict[str, str] | None:
+    """States the controller still holds; None when the controller cannot be asked."""
+    argv = ["squeue", "-h", "-r", "-t", "all", "-o", "%i|%T", "-j", ",".join(arrays)]
+    result = _scheduler(argv)
+    if result.returncode == 0:
+        return parse_job_states(result.stdout.splitlines())
+    # squeue fails outright when every id asked for has been purged: they are all gone.
+    if "Invalid job id" in result.stderr:
+        return {}
+    return None

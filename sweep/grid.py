@@ -1,0 +1,319 @@
+"""Grid YAML schema and its expansion into fully resolved, content-hashed RunSpecs.
+
+A grid has a ``base`` (a partial RunSpec shared by every run) and ``axes`` whose values
+override parts of it. Axes are crossed, except groups listed in ``zip`` which advance
+together. A ``budget`` axis derives the step count from C = 6·N·D.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from models.config import RunSpec
+from models.flops import steps_for_budget
+from mx.spec import FORMATS
+
+SPECIAL_AXES = ("budget", "seed", "precision", "shape", "d_model")
+RUNSPEC_FIELDS = tuple(RunSpec.model_fields)
+
+
+class GridError(ValueError):
+    """A grid file that cannot be used; the message names file, key, value and what is allowed."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Filters(_Strict):
+    """Which expanded points to keep."""
+
+    tokens_per_param: tuple[float, float] | None = Field(
+        default=None, description="keep points with lo < D/N < hi (the paper: [2, 200])")
+    min_steps: int = Field(default=1, ge=1, description="drop points with fewer steps")
+
+
+class LaunchSettings(_Strict):
+    """Executor defaults a grid may carry; command-line flags override them."""
+
+    executor: Literal["auto", "local", "slurm", "ray"] = "auto"
+    workers: int | None = Field(default=None, gt=0)
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    array_parallelism: int | None = Field(default=None, gt=0)
+
+
+class Geomspace(_Strict):
+    """``{geomspace: [start, stop, num], extra: [...]}``: log-spaced budgets plus extra points."""
+
+    geomspace: tuple[float, float, int]
+    extra: list[float] = Field(default_factory=list)
+
+    def values(self) -> list[float]:
+        start, stop, num = self.geomspace
+        if num < 1 or start <= 0 or stop <= 0:
+            raise ValueError(f"geomspace needs start, stop > 0 and num >= 1, got {self.geomspace}")
+        if num == 1:
+            return [start, *self.extra]
+        ratio = (stop / start) ** (1.0 / (num - 1))
+        return [float(f"{start * ratio**i:.4g}") for i in range(num)] + list(self.extra)
+
+
+class GridSpec(_Strict):
+    """What a grid YAML says (``include`` files are merged before validation)."""
+
+    name: str = Field(description="sweep name; the default sweep folder is sweeps/<name>")
+    description: str = ""
+    base: dict[str, Any] = Field(default_factory=dict,
+                                 description="partial RunSpec shared by every run")
+    axes: dict[str, list[Any] | Geomspace] = Field(
+        default_factory=dict,
+        description="budget, seed, precision, shape, d_model, or a dotted RunSpec path")
+    zip: list[list[str]] = Field(default_factory=list,
+                                 description="groups of axes that advance together")
+    filters: Filters = Field(default_factory=Filters)
+    launch: LaunchSettings = Field(default_factory=LaunchSettings)
+
+    @field_validator("base")
+    @classmethod
+    def _base_keys(cls, base: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(base) - set(RUNSPEC_FIELDS))
+        if unknown:
+            raise ValueError(f"unknown key {unknown[0]!r}; allowed: {', '.join(RUNSPEC_FIELDS)}")
+        return base
+
+
+@dataclass
+class Expansion:
+    """The runs a grid expands to, and how many points the filters dropped."""
+
+    grid: GridSpec
+    runs: list[RunSpec]
+    dropped: dict[str, int] = field(default_factory=dict)
+
+
+def load_grid(path: str | Path) -> GridSpec:
+    """Read and validate a grid YAML (with includes); raise GridError naming file and key."""
+    path = Path(path)
+    raw = _read_yaml_with_includes(path, seen=())
+    try:
+        return GridSpec.model_validate(raw)
+    except ValidationError as err:
+        raise GridError(_format_validation(path, err)) from None
+
+
+def expand_grid(grid: GridSpec, source: str | Path = "<grid>") -> Expansion:
+    """Cross (and zip) the axes over the base, derive steps from budgets, filter, validate."""
+    axes = {name: _axis_values(source, name, values) for name, values in grid.axes.items()}
+    runs: dict[str, RunSpec] = {}
+    dropped = {"tokens_per_param": 0, "min_steps": 0, "duplicate": 0}
+    for point in _points(source, axes, grid.zip):
+        spec_dict = copy.deepcopy(grid.base)
+        for axis, (_, value) in point.items():
+            _apply_axis(spec_dict, axis, value)
+        spec = _validate_point(source, spec_dict, point)
+        if spec.budget is not None:
+            spec, reason = _with_budget_steps(spec, grid.filters)
+            if reason:
+                dropped[reason] += 1
+                continue
+        if spec.run_id in runs:
+            dropped["duplicate"] += 1
+            continue
+        runs[spec.run_id] = spec
+    return Expansion(grid=grid, runs=list(runs.values()), dropped=dropped)
+
+
+def grid_json_schema() -> dict[str, Any]:
+    """JSON Schema of the grid format (for editors), with RunSpec as the base's schema."""
+    schema = GridSpec.model_json_schema()
+    schema["properties"]["base"] = {"description": "partial RunSpec",
+                                    **RunSpec.model_json_schema()}
+    schema["properties"]["base"].pop("required", None)
+    schema["title"] = "mxscale sweep grid"
+    return schema
+
+
+def _read_yaml_with_includes(path: Path, seen: tuple[Path, ...]) -> dict[str, Any]:
+    if not path.is_file():
+        raise GridError(f"{path}: grid file not found")
+    if path.resolve() in seen:
+        raise GridError(f"{path}: include cycle through {', '.join(map(str, seen))}")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise GridError(f"{path}: not valid YAML: {err}") from None
+    if not isinstance(raw, dict):
+        raise GridError(f"{path}: top level must be a mapping, got {type(raw).__name__}")
+    includes = raw.pop("include", [])
+    if isinstance(includes, str):
+        includes = [includes]
+    merged: dict[str, Any] = {}
+    for include in includes:
+        merged = deep_merge(merged, _read_yaml_with_includes(path.parent / include,
+                                                             (*seen, path.resolve())))
+    return deep_merge(merged, raw)
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Recursively merge ``override`` into a copy of ``base`` (mappings merge, others replace)."""
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _axis_values(source: str | Path, name: str, values: list[Any] | Geomspace) -> list[Any]:
+    if name not in SPECIAL_AXES and name.split(".")[0] not in RUNSPEC_FIELDS:
+        raise GridError(f"{source}: axes.{name}: unknown axis; allowed: "
+                        f"{', '.join(SPECIAL_AXES)} or a dotted RunSpec path "
+                        f"({', '.join(RUNSPEC_FIELDS)}), e.g. train.lr")
+    if isinstance(values, Geomspace):
+        if name != "budget":
+            raise GridError(f"{source}: axes.{name}: geomspace is only allowed for budget")
+        try:
+            return values.values()
+        except ValueError as err:
+            raise GridError(f"{source}: axes.budget: {err}") from None
+    if not values:
+        raise GridError(f"{source}: axes.{name}: empty list; give at least one value")
+    if name == "precision":
+        for i, entry in enumerate(values):
+            if not isinstance(entry, dict):
+                raise GridError(f"{source}: axes.precision[{i}]: expected a mapping like "
+                                f"{{w_fmt: fp8_e4m3, a_fmt: bf16}}, got {entry!r}")
+            for role in ("w_fmt", "a_fmt", "grad_fmt", "bwd_w_fmt", "bwd_a_fmt"):
+                if role in entry and entry[role] not in FORMATS:
+                    raise GridError(f"{source}: axes.precision[{i}].{role}: unknown format "
+                                    f"{entry[role]!r}; allowed: {', '.join(FORMATS)}")
+    if name == "budget":
+        for i, value in enumerate(values):
+            if not isinstance(value, int | float) or value <= 0:
+                raise GridError(f"{source}: axes.budget[{i}]: {value!r} is not a positive "
+                                "number of FLOPs")
+    return list(values)
+
+
+def _points(source: str | Path, axes: dict[str, list[Any]], zips: list[list[str]]):
+    """Yield {axis: (index, value)} for the cross product of unzipped axes and zipped groups."""
+    grouped: set[str] = set()
+    factors: list[list[dict[str, tuple[int, Any]]]] = []
+    for group in zips:
+        missing = [name for name in group if name not in axes]
+        if missing:
+            raise GridError(f"{source}: zip: {missing[0]!r} is not an axis; axes: "
+                            f"{', '.join(axes)}")
+        lengths = {len(axes[name]) for name in group}
+        if len(lengths) != 1:
+            raise GridError(f"{source}: zip: axes {group} have different lengths "
+                            f"{[len(axes[n]) for n in group]}; zipped axes must match")
+        grouped.update(group)
+        factors.append([{name: (i, axes[name][i]) for name in group}
+                        for i in range(lengths.pop())])
+    for name, values in axes.items():
+        if name not in grouped:
+            factors.append([{name: (i, value)} for i, value in enumerate(values)])
+    for combo in itertools.product(*factors):
+        point: dict[str, tuple[int, Any]] = {}
+        for part in combo:
+            point.update(part)
+        yield point
+
+
+def _apply_axis(spec: dict[str, Any], axis: str, value: Any) -> None:
+    if axis == "budget":
+        spec["budget"] = float(value)
+    elif axis == "seed":
+        spec["seed"] = value
+    elif axis == "d_model":
+        spec.setdefault("model", {})["d_model"] = value
+    elif axis == "shape":
+        shape = {"d_model": value} if isinstance(value, int) else value
+        spec["model"] = deep_merge(spec.get("model", {}), shape)
+    elif axis == "precision":
+        entry = dict(value)
+        name = entry.pop("name", None)
+        spec["precision"] = deep_merge(spec.get("precision", {}), entry)
+        if name:
+            spec.setdefault("tags", {})["config"] = str(name)
+    else:
+        node = spec
+        *parents, leaf = axis.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+
+
+def _validate_point(source: str | Path, spec_dict: dict[str, Any],
+                    point: dict[str, tuple[int, Any]]) -> RunSpec:
+    train = spec_dict.setdefault("train", {})
+    # Budget runs get their steps later; a placeholder keeps validation of the rest honest.
+    if spec_dict.get("budget") is not None:
+        train["steps"] = 1
+    try:
+        spec = RunSpec.model_validate(spec_dict)
+    except ValidationError as err:
+        where = ", ".join(f"axes.{axis}[{index}]" for axis, (index, _) in point.items())
+        raise GridError(_format_validation(source, err, prefix="base/" + where)) from None
+    config = spec.tags.get("config") or spec.precision.label
+    return spec.model_copy(update={"tags": {**spec.tags, "config": config}})
+
+
+def _with_budget_steps(spec: RunSpec, filters: Filters) -> tuple[RunSpec, str | None]:
+    n_params = spec.model.param_count()
+    steps = steps_for_budget(spec.budget, n_params, spec.tokens_per_step)
+    if steps < filters.min_steps:
+        return spec, "min_steps"
+    if filters.tokens_per_param is not None:
+        lo, hi = filters.tokens_per_param
+        ratio = steps * spec.tokens_per_step / n_params
+        if not lo < ratio < hi:
+            return spec, "tokens_per_param"
+    train = spec.train.model_copy(update={"steps": steps})
+    # Re-validate so derived fields (e.g. a checkpoint interval) see the real step count.
+    return RunSpec.model_validate({**spec.model_dump(), "train": train.model_dump()}), None
+
+
+def _format_validation(source: str | Path, err: ValidationError, prefix: str = "") -> str:
+    root = RunSpec if prefix else GridSpec
+    lines = []
+    for issue in err.errors():
+        key = ".".join(str(part) for part in issue["loc"]) or "(top level)"
+        value = issue.get("input")
+        message = issue["msg"].removeprefix("Value error, ")
+        if issue["type"] == "extra_forbidden":
+            allowed = _allowed_keys(root, issue["loc"][:-1])
+            message = "unknown key" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
+        shown = "" if isinstance(value, dict) else f" (got {value!r})"
+        lines.append(f"{source}: {prefix + ': ' if prefix else ''}{key}: {message}{shown}")
+    return "\n".join(lines)
+
+
+def _allowed_keys(root: type[BaseModel], loc: tuple) -> list[str]:
+    """Field names of the model found by walking ``loc`` from ``root`` (empty if unknown)."""
+    model: Any = root
+    for part in loc:
+        field_info = getattr(model, "model_fields", {}).get(part)
+        annotation = getattr(field_info, "annotation", None)
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    return list(getattr(model, "model_fields", {}))
+
+
+def total_flops(runs: list[RunSpec]) -> float:
+    """Sum of C = 6·N·D over the runs, with D the realised tokens (steps x tokens/step)."""
+    return math.fsum(6.0 * r.model.param_count() * r.train.steps * r.tokens_per_step
+                     for r in runs)

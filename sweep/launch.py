@@ -1,0 +1,172 @@
+"""Launch a grid: expand, freeze into the sweep folder, submit only what still needs to run."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sweep.executors.base import Executor, Submission
+from sweep.grid import Expansion, GridError, expand_grid, load_grid
+from sweep.store import RunRecord, SweepStore
+
+# States that a plain launch (re)submits; failed/cancelled need --retry-failed.
+RESUBMIT = ("pending", "stale", "preempted")
+RETRYABLE = ("failed", "cancelled")
+EXECUTORS = ("auto", "local", "slurm", "ray")
+
+
+@dataclass
+class LaunchOptions:
+    """Command-line choices for one launch (None: take the grid's launch section)."""
+
+    executor: str | None = None
+    workers: int | None = None
+    retry_failed: bool = False
+    update_grid: bool = False
+    dry_run: bool = False
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    array_parallelism: int | None = None
+    ray_address: str | None = None
+    on_event: Any = None
+
+
+@dataclass
+class LaunchResult:
+    """What a launch found and did."""
+
+    expansion: Expansion
+    skipped: dict[str, int] = field(default_factory=dict)
+    to_submit: list[RunRecord] = field(default_factory=list)
+    submissions: list[Submission] = field(default_factory=list)
+    executor: str = "local"
+    sweep_dir: Path = Path(".")
+
+
+def default_sweep_dir(grid_path: str | Path, grid_name: str) -> Path:
+    """sweeps/<grid name> under the current directory."""
+    return Path("sweeps") / (grid_name or Path(grid_path).stem)
+
+
+def resolve_executor_name(requested: str) -> str:
+    """``auto`` picks slurm when sbatch is on PATH, else local."""
+    if requested not in EXECUTORS:
+        raise GridError(f"unknown executor {requested!r}; allowed: {', '.join(EXECUTORS)}")
+    if requested == "auto":
+        return "slurm" if shutil.which("sbatch") else "local"
+    return requested
+
+
+def make_executor(name: str, store: SweepStore, options: LaunchOptions,
+                  cpus_per_run: int, grid_launch) -> Executor:
+    """Build the named executor with options from flags first, then the grid."""
+    if name == "local":
+        from sweep.executors.local import LocalExecutor
+
+        return LocalExecutor(options.workers or grid_launch.workers, cpus_per_run,
+                             on_event=options.on_event)
+    if name == "slurm":
+        from sweep.executors.slurm import SlurmExecutor, slurm_available
+
+        if not slurm_available():
+            raise GridError("--executor slurm: no working SLURM here (sbatch not on PATH or "
+                            "`scontrol ping` fails); use --executor local or ray")
+        return SlurmExecutor(
+            store.root, partition=options.partition or grid_launch.partition,
+            account=options.account or grid_launch.account,
+            qos=options.qos or grid_launch.qos, cpus_per_task=cpus_per_run,
+            array_parallelism=options.array_parallelism or grid_launch.array_parallelism)
+    from sweep.executors.ray_exec import RayExecutor
+
+    return RayExecutor(address=options.ray_address, num_cpus=options.workers,
+                       cpus_per_run=cpus_per_run)
+
+
+def scheduler_view(store: SweepStore) -> dict[str, str]:
+    """Ask each scheduler that holds submissions of this sweep about them (one query each)."""
+    by_executor: dict[str, list[Submission]] = {}
+    for record in store.records():
+        if record.submission and record.state in ("queued", "running", "stale"):
+            by_executor.setdefault(record.submission.executor, []).append(record.submission)
+    view: dict[str, str] = {}
+    if by_executor.get("slurm") and shutil.which("squeue"):
+        from sweep.executors.slurm import SlurmExecutor
+
+        view.update(SlurmExecutor(store.root).query(by_executor["slurm"]))
+    return view
+
+
+def launch(grid_path: str | Path, sweep_dir: str | Path | None, options: LaunchOptions,
+           on_start: Callable[[list[RunRecord], str], None] | None = None) -> LaunchResult:
+    """Expand the grid and submit the runs that are missing, stale or (optionally) failed.
+
+    ``on_start(records, executor)`` is called once the runs to submit are known.
+    """
+    grid = load_grid(grid_path)
+    expansion = expand_grid(grid, grid_path)
+    if not expansion.runs:
+        raise GridError(f"{grid_path}: the grid expands to no runs after filters "
+                        f"(dropped: {expansion.dropped})")
+    executor_name = resolve_executor_name(options.executor or grid.launch.executor)
+    cpus = max(spec.resources.cpus for spec in expansion.runs)
+    _check_resources(grid_path, expansion, executor_name)
+    store = SweepStore(sweep_dir or default_sweep_dir(grid_path, grid.name))
+    result = LaunchResult(expansion, executor=executor_name, sweep_dir=store.root)
+    if options.dry_run:
+        return result
+    executor = make_executor(executor_name, store, options, cpus, grid.launch)
+    with store.lock():
+        store.initialise(Path(grid_path).read_text(), [s.run_id for s in expansion.runs],
+                         update_grid=options.update_grid)
+        for spec in expansion.runs:
+            store.write_spec(spec.run_id, spec.model_dump_json(indent=2))
+        records = store.records(scheduler_view(store))
+        wanted = RESUBMIT + (RETRYABLE if options.retry_failed else ())
+        for record in records:
+            if record.state in wanted:
+                result.to_submit.append(record)
+            else:
+                result.skipped[record.state] = result.skipped.get(record.state, 0) + 1
+        attempts = {r.run_id: r.attempt + 1 for r in result.to_submit}
+        run_dirs = [r.run_dir for r in result.to_submit]
+        if on_start:
+            on_start(result.to_submit, executor_name)
+        if executor_name == "slurm":
+            result.submissions = executor.submit(run_dirs, attempts) if run_dirs else []
+            for submission in result.submissions:
+                store.record_submission(submission)
+            return result
+        # Blocking executors: mark the runs as ours while holding the lock, then run them.
+        for run_dir in run_dirs:
+            store.record_submission(Submission(run_dir.name, executor_name, None,
+                                               attempts[run_dir.name]))
+    if run_dirs:
+        result.submissions = executor.submit(run_dirs, attempts)
+    return result
+
+
+def _check_resources(grid_path: str | Path, expansion: Expansion, executor_name: str) -> None:
+    """Refuse runs this executor cannot place, before anything is written or submitted."""
+    if executor_name == "slurm":
+        return
+    cores = os.cpu_count() or 1
+    for spec in expansion.runs:
+        if spec.resources.gpus and executor_name == "local" and not _has_cuda_device():
+            raise GridError(f"{grid_path}: run {spec.run_id} asks for resources.gpus="
+                            f"{spec.resources.gpus} but this machine has no GPU; use "
+                            "--executor slurm or set resources.gpus: 0")
+        if spec.resources.cpus > cores:
+            raise GridError(f"{grid_path}: run {spec.run_id} asks for resources.cpus="
+                            f"{spec.resources.cpus} but this machine has {cores} cores")
+        if spec.resources.nodes > 1 and executor_name == "local":
+            raise GridError(f"{grid_path}: run {spec.run_id} asks for resources.nodes="
+                            f"{spec.resources.nodes}; only the slurm executor spans nodes")
+
+
+def _has_cuda_device() -> bool:
+    return Path("/dev/nvidiactl").exists()

@@ -1,0 +1,102 @@
+"""The one entry point every executor runs: ``python -m sweep.run <run_dir>``.
+
+Reads spec.json, trains (resuming from the run's latest checkpoint), and writes the run's
+own state markers: state.json with a heartbeat while running, summary.json then a terminal
+state.json at the end. Exit codes: 0 done/diverged, 75 preempted (requeue me), 1 failed.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from models.atomic import atomic_write_json
+from models.config import RunSpec
+from sweep.store import CANCEL_FILE, TERMINAL_STATES, read_json_if_exists
+
+EXIT_OK, EXIT_FAILED, EXIT_PREEMPTED = 0, 1, 75
+HEARTBEAT_EVERY_S = 5.0
+
+
+class StateWriter:
+    """Writes state.json for one attempt; throttles heartbeats so they cost nothing."""
+
+    def __init__(self, run_dir: Path, total_steps: int, attempt: int):
+        self.path = run_dir / "state.json"
+        self.total_steps = total_steps
+        self.attempt = attempt
+        self.started = time.time()
+        self._last_write = 0.0
+        self._last_loss: float | None = None
+
+    def write(self, state: str, step: int, **extra) -> None:
+        atomic_write_json(self.path, {
+            "state": state, "step": step, "total_steps": self.total_steps,
+            "attempt": self.attempt, "heartbeat": time.time(), "started_at": self.started,
+            "last_loss": self._last_loss, "host": socket.gethostname(), "pid": os.getpid(),
+            **extra})
+
+    def progress(self, step: int, total_steps: int, loss: float | None) -> None:
+        """Reporter hook called by the training loop at each logged step."""
+        if loss is not None:
+            self._last_loss = loss
+        if time.monotonic() - self._last_write >= HEARTBEAT_EVERY_S:
+            self._last_write = time.monotonic()
+            self.write("running", step)
+
+
+def execute(run_dir: str | Path) -> int:
+    """Train the run in ``run_dir`` to completion (or preemption); return the exit code."""
+    from models.train import Preempted, train_run  # torch is imported here, not at CLI start
+
+    run_dir = Path(run_dir)
+    marker = read_json_if_exists(run_dir / "state.json") or {}
+    if marker.get("state") in TERMINAL_STATES:
+        return EXIT_OK
+    spec = RunSpec.model_validate_json((run_dir / "spec.json").read_text())
+    submitted = read_json_if_exists(run_dir / "submitted.json") or {}
+    attempt = max(int(submitted.get("attempt", 1)), int(marker.get("attempt", 0)))
+    writer = StateWriter(run_dir, spec.train.steps, attempt)
+    if _cancel_requested(run_dir, attempt):
+        writer.write("cancelled", int(marker.get("step", 0)), reason="cancelled before start")
+        return EXIT_OK
+    writer.write("running", int(marker.get("step", 0)))
+    try:
+        summary = train_run(spec, run_dir, reporter=writer)
+    except Preempted as stop:
+        step = int(getattr(stop, "step", 0) or 0)
+        if _cancel_requested(run_dir, attempt):
+            writer.write("cancelled", step, reason="cancelled by `sweep cancel`")
+            return EXIT_OK
+        writer.write("preempted", step, reason=str(stop))
+        return EXIT_PREEMPTED
+    except Exception as err:  # noqa: BLE001 - any crash is recorded as a failed run
+        tail = traceback.format_exc().strip().splitlines()[-6:]
+        writer.write("failed", int(marker.get("step", 0)),
+                     reason=f"{type(err).__name__}: {err}", traceback="\n".join(tail))
+        traceback.print_exc()
+        return EXIT_FAILED
+    atomic_write_json(run_dir / "summary.json", summary)
+    writer.write(summary["state"], int(summary["steps_done"]))
+    return EXIT_OK
+
+
+def _cancel_requested(run_dir: Path, attempt: int) -> bool:
+    request = read_json_if_exists(run_dir / CANCEL_FILE)
+    return request is not None and int(request.get("attempt", 0)) >= attempt
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m sweep.run <run_dir>", file=sys.stderr)
+        return 2
+    return execute(args[0])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,207 @@
+"""The sweep folder: frozen grid, one folder per run, and run state derived from its files.
+
+State lives only in files written atomically (by the launcher: spec.json, submitted.json;
+by the run itself: state.json, summary.json), so no long-lived driver holds it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from models.atomic import atomic_write_json, atomic_write_text
+from sweep.executors.base import Submission
+
+RUN_STATES = ("pending", "queued", "running", "done", "diverged", "failed", "cancelled",
+              "preempted", "stale")
+TERMINAL_STATES = ("done", "diverged")
+CANCEL_FILE = "cancel.json"
+# A run whose heartbeat is older than this, and whose process or job is gone, is stale.
+STALE_AFTER_S = 120.0
+
+
+class SweepError(ValueError):
+    """A sweep folder that cannot be used as asked (message says why and what to do)."""
+
+
+@dataclass
+class RunRecord:
+    """What the files of one run folder say, plus the derived state."""
+
+    run_id: str
+    run_dir: Path
+    spec: dict[str, Any]
+    state: str
+    marker: dict[str, Any] | None
+    submission: Submission | None
+    summary: dict[str, Any] | None
+
+    @property
+    def config(self) -> str:
+        return self.spec.get("tags", {}).get("config", "?")
+
+    @property
+    def step(self) -> int:
+        return int((self.marker or {}).get("step", 0))
+
+    @property
+    def total_steps(self) -> int:
+        return int(self.spec["train"]["steps"])
+
+    @property
+    def attempt(self) -> int:
+        return self.submission.attempt if self.submission else 0
+
+
+class SweepStore:
+    """Read and write one sweep folder."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self.runs_dir = self.root / "runs"
+
+    # -- creation -------------------------------------------------------------------------
+    def initialise(self, grid_text: str, run_ids: list[str], *, update_grid: bool) -> None:
+        """Freeze the grid into the folder; refuse a different grid unless ``update_grid``."""
+        grid_hash = hashlib.sha256("\n".join(sorted(run_ids)).encode()).hexdigest()[:16]
+        meta_path = self.root / "sweep.json"
+        if meta_path.exists():
+            meta = json.loads(meta_path.read_text())
+            if meta["grid_hash"] != grid_hash and not update_grid:
+                known = set(meta.get("run_ids", []))
+                added = len(set(run_ids) - known)
+                removed = len(known - set(run_ids))
+                raise SweepError(
+                    f"{self.root}: this sweep folder was launched with a different grid "
+                    f"({added} runs added, {removed} removed). Use another --sweep-dir, or "
+                    "pass --update-grid to extend this sweep (finished runs are kept).")
+        else:
+            meta = {"created_at": time.time()}
+        meta.update({"grid_hash": grid_hash, "run_ids": sorted(run_ids),
+                     "updated_at": time.time()})
+        atomic_write_text(self.root / "grid.yaml", grid_text)
+        atomic_write_json(meta_path, meta)
+
+    def write_spec(self, run_id: str, spec_json: str) -> Path:
+        """Create the run folder with its spec (unchanged if it already exists)."""
+        run_dir = self.runs_dir / run_id
+        if not (run_dir / "spec.json").exists():
+            atomic_write_text(run_dir / "spec.json", spec_json)
+        return run_dir
+
+    def record_submission(self, submission: Submission) -> None:
+        payload = {**submission.to_json(), "host": socket.gethostname(), "pid": os.getpid()}
+        atomic_write_json(self.runs_dir / submission.run_id / "submitted.json", payload)
+
+    @contextmanager
+    def lock(self, *, timeout_s: float = 30.0) -> Iterator[None]:
+        """Exclusive lock on the sweep folder so two launches cannot submit the same run."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / ".lock", "w") as handle:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise SweepError(f"{self.root}: another `sweep launch` holds the lock "
+                                         f"for more than {timeout_s:.0f} s") from None
+                    time.sleep(0.2)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    # -- reading --------------------------------------------------------------------------
+    def exists(self) -> bool:
+        return (self.root / "sweep.json").exists()
+
+    def run_ids(self) -> list[str]:
+        if self.exists():
+            return json.loads((self.root / "sweep.json").read_text())["run_ids"]
+        return sorted(p.name for p in self.runs_dir.iterdir()) if self.runs_dir.is_dir() else []
+
+    def records(self, scheduler: dict[str, str] | None = None) -> list[RunRecord]:
+        """Every run of the sweep with its derived state; ``scheduler`` maps run_id to
+        queued|running|gone for submitted runs the scheduler was asked about."""
+        now = time.time()
+        return [self.record(run_id, scheduler or {}, now) for run_id in self.run_ids()]
+
+    def record(self, run_id: str, scheduler: dict[str, str], now: float) -> RunRecord:
+        run_dir = self.runs_dir / run_id
+        spec = read_json_if_exists(run_dir / "spec.json") or {}
+        marker = read_json_if_exists(run_dir / "state.json")
+        submitted = read_json_if_exists(run_dir / "submitted.json")
+        submission = Submission.from_json(submitted) if submitted else None
+        summary = read_json_if_exists(run_dir / "summary.json")
+        state = derive_state(marker, submitted, scheduler.get(run_id), now)
+        return RunRecord(run_id, run_dir, spec, state, marker, submission, summary)
+
+
+def derive_state(marker: dict | None, submitted: dict | None, scheduler: str | None,
+                 now: float) -> str:
+    """One run's state from its marker, its submission record and the scheduler's word."""
+    if marker is not None:
+        state = marker.get("state", "running")
+        marker_attempt = marker.get("attempt", 0)
+        newer_submission = submitted and submitted.get("attempt", 0) > marker_attempt
+        if state in TERMINAL_STATES:
+            return state
+        if newer_submission:
+            return _submitted_state(submitted, scheduler, now)
+        if state == "running":
+            fresh = now - marker.get("heartbeat", 0.0) < STALE_AFTER_S
+            if scheduler == "running" or (scheduler is None and fresh
+                                          and _process_alive(marker)):
+                return "running"
+            if scheduler == "queued":  # requeued after preemption, not restarted yet
+                return "queued"
+            return "stale"
+        if state == "preempted" and scheduler in ("queued", "running"):
+            return "queued"
+        return state
+    if submitted is not None:
+        return _submitted_state(submitted, scheduler, now)
+    return "pending"
+
+
+def _submitted_state(submitted: dict, scheduler: str | None, now: float) -> str:
+    if scheduler in ("queued", "running"):
+        return "queued"
+    if scheduler == "gone":
+        return "stale"
+    # No scheduler answer: trust a local launcher only while its process lives.
+    if submitted.get("executor") == "local":
+        return "queued" if _process_alive(submitted) else "stale"
+    return "queued"
+
+
+def _process_alive(record: dict) -> bool:
+    """True if the process named by ``record`` (pid on host) still runs, or cannot be checked."""
+    if record.get("host") != socket.gethostname() or not record.get("pid"):
+        return True
+    try:
+        os.kill(int(record["pid"]), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def read_json_if_exists(path: Path) -> dict | None:
+    """A JSON marker file's content, or None if it does not exist (or is not JSON)."""
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
