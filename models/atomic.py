@@ -10,12 +10,18 @@ from pathlib import Path
 from typing import Any
 
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
     """Call ``write(tmp_path)`` on a dot-prefixed temp file beside ``path``, fsync, rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
+    # mkstemp creates 0600; give the file the mode a plain open() would (others may read it).
+    os.chmod(tmp, 0o666 & ~_UMASK)
     try:
         write(tmp)
         with open(tmp, "rb+") as handle:
