@@ -73,6 +73,9 @@ def launch(
             result = do_launch(grid, sweep_dir, options, on_start=progress.start)
     except (GridError, SweepError) as err:
         _fail(str(err))
+    except KeyboardInterrupt:
+        err_console.print("interrupted: running runs were checkpointed; launch again to resume")
+        raise typer.Exit(130) from None
     skipped = ", ".join(f"{n} {s}" for s, n in sorted(result.skipped.items())) or "none"
     console.print(f"{len(result.expansion.runs)} runs in grid; submitted "
                   f"{len(result.to_submit)} via {result.executor}; skipped: {skipped}")

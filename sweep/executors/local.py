@@ -7,9 +7,12 @@ run has ended and reports progress through a callback.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -35,8 +38,9 @@ OnEvent = Callable[[str, str, RunOutcome | None], None]  # (event, run_id, outco
 
 def _warm_worker(threads: int) -> None:
     """Pool initializer: pay torch's import once per worker, not once per run."""
-    import models.train  # noqa: F401
     import torch
+
+    import models.train  # noqa: F401
 
     torch.set_num_threads(threads)
 
@@ -88,11 +92,17 @@ class LocalExecutor:
         return submissions
 
     def _run_pool(self, run_dirs: list[Path], attempts: dict[str, int]) -> list[Path]:
-        """Run a batch; if a worker dies, return the runs that never started, to rerun."""
+        """Run a batch; if a worker dies, return the runs that never started, to rerun.
+
+        SIGINT/SIGTERM to the launcher stop dispatching and SIGTERM the workers, whose runs
+        checkpoint and end as preempted; the next launch resumes them.
+        """
         context = multiprocessing.get_context("spawn")
         unstarted: list[Path] = []
-        with ProcessPoolExecutor(self.workers, mp_context=context, initializer=_warm_worker,
-                                 initargs=(self.cpus_per_run,)) as pool:
+        stop = _StopRequest()
+        with stop, ProcessPoolExecutor(self.workers, mp_context=context,
+                                       initializer=_warm_worker,
+                                       initargs=(self.cpus_per_run,)) as pool:
             futures: dict[Future, Path] = {}
             for run_dir in run_dirs:
                 futures[pool.submit(_run_in_worker, str(run_dir), attempts[run_dir.name],
@@ -100,8 +110,12 @@ class LocalExecutor:
             pending = set(futures)
             while pending:
                 done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+                if stop.requested and not stop.forwarded:
+                    stop.forward(pool, pending)
                 for future in done:
                     run_dir = futures[future]
+                    if future.cancelled():
+                        continue
                     try:
                         outcome = future.result()
                     except BrokenProcessPool:
@@ -112,6 +126,8 @@ class LocalExecutor:
                         continue
                     event = {0: "done", 75: "preempted"}.get(outcome.exit_code, "failed")
                     self.on_event(event, run_dir.name, outcome)
+        if stop.requested:
+            raise KeyboardInterrupt("launch interrupted; runs were checkpointed")
         return unstarted
 
     def query(self, submissions: list[Submission]) -> dict[str, str]:
@@ -120,6 +136,39 @@ class LocalExecutor:
 
     def cancel(self, submissions: list[Submission]) -> None:
         """Local runs stop with their launcher (Ctrl-C checkpoints them)."""
+
+
+class _StopRequest:
+    """Records SIGINT/SIGTERM to the launcher while the pool runs (main thread only)."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.requested = False
+        self.forwarded = False
+        self._previous: dict = {}
+
+    def __enter__(self) -> _StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = True
+
+    def forward(self, pool: ProcessPoolExecutor, pending: set[Future]) -> None:
+        """Drop queued runs and ask running ones to checkpoint and stop."""
+        self.forwarded = True
+        for future in pending:
+            future.cancel()
+        # The executor keeps its worker processes private; there is no public accessor.
+        for process in list(getattr(pool, "_processes", {}).values()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGTERM)
 
 
 def _started(run_dir: Path) -> bool:

@@ -34,6 +34,7 @@ _RUNNING = {
 }
 # "12_[0-3,7%2]": the pending remainder of an array, folded into one scheduler record.
 _FOLDED_ARRAY = re.compile(r"^(?P<job>\d+)_\[(?P<ranges>[\d,\-]+)(?:%\d+)?\]$")
+_FORWARDED = (signal.SIGTERM, signal.SIGUSR2)
 _PR_SET_PDEATHSIG = 1
 _SCHEDULER_TIMEOUT_S = 60
 
@@ -133,28 +134,49 @@ def launch_logged(argv: list[str], run_dir: Path, attempt: int) -> subprocess.Po
         )
 
 
+def task_outcome(returncode: int, received: set[int]) -> str:
+    """ "done", "requeue" or "failed" for a child's exit code and the signals the task got.
+
+    EX_TEMPFAIL means the run checkpointed and wants to continue. A run killed by the very
+    signal SLURM sent (it reaches the child directly as well as through us, so a second copy
+    can land while the run is exiting) was interrupted, not broken: it resumes too.
+    """
+    if returncode == 0:
+        return "done"
+    if returncode == EX_TEMPFAIL or -returncode in received:
+        return "requeue"
+    return "failed"
+
+
 def run_array_task(argv: list[str], run_dir: str, attempt: int) -> int:
     """Body of one array task: run the command, forward preemption signals, requeue on 75."""
     child = launch_logged(argv, Path(run_dir), attempt)
+    received: set[int] = set()
 
     def forward(signum: int, _frame: object) -> None:
+        received.add(signum)
         if child.poll() is None:
             child.send_signal(signum)
 
     # Replaces submitit's own handlers: the child decides how to checkpoint.
-    for signum in (signal.SIGTERM, signal.SIGUSR2):
+    for signum in _FORWARDED:
         signal.signal(signum, forward)
     returncode = child.wait()
-    if returncode == EX_TEMPFAIL:
+    outcome = task_outcome(returncode, received)
+    if outcome == "requeue":
         _requeue_self()
-        return returncode
-    if returncode != 0:
+    elif outcome == "failed":
         raise RuntimeError(f"{argv[0]} for {run_dir} exited with {returncode}; see its logs/")
     return returncode
 
 
 def _requeue_self() -> None:
-    job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    # submitit submits a chunk of one run as a plain job, not as an array.
+    array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
+    if array_job:
+        job = f"{array_job}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    else:
+        job = os.environ["SLURM_JOB_ID"]
     result = _scheduler(["scontrol", "requeue", job])
     # A cancelled or timed-out job cannot be requeued; preemption may have requeued it already.
     if result.returncode != 0:
@@ -213,7 +235,7 @@ class SlurmExecutor:
         )
 
     def submit(self, run_dirs: list[Path], attempts: dict[str, int]) -> list[Submission]:
-        """Submit one array per chunk; job ids are "<array>_<task>"."""
+        """Submit one array per chunk; job ids are "<array>_<task>" (a lone run: "<job>")."""
         if not run_dirs:
             return []
         import submitit  # imported here: it is only needed where sbatch exists

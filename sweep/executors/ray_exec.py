@@ -1,0 +1,137 @@
+"""Ray executor: one Ray Tune trial per run, each calling the run's command in a subprocess.
+
+`submit` blocks until every trial has ended: Tune needs its driver alive, so by the time
+`query` or another `sweep` process asks, the scheduler holds nothing (all runs "gone") and
+the run folders' own markers tell how each run ended.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sweep.executors.base import Submission, run_command
+from sweep.executors.slurm import launch_logged
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    """How one trial ended: status "done" or "failed" (error holds the reason)."""
+
+    run_id: str
+    trial_id: str | None
+    status: str
+    error: str | None = None
+
+
+def _run_trial(config: dict[str, Any], jobs: dict[str, tuple[list[str], str, int]]) -> None:
+    argv, run_dir, attempt = jobs[config["run_id"]]
+    returncode = launch_logged(argv, Path(run_dir), attempt).wait()
+    if returncode != 0:
+        raise RuntimeError(f"{argv[0]} for {run_dir} exited with {returncode}; see its logs/")
+
+
+class RayExecutor:
+    """Run each run folder as a Ray Tune trial on a local Ray or an existing cluster."""
+
+    name = "ray"
+
+    def __init__(
+        self,
+        *,
+        address: str | None = None,
+        num_cpus: int | None = None,
+        cpus_per_run: float = 1,
+        command: Callable[[Path], list[str]] = run_command,
+    ) -> None:
+        if num_cpus is not None and num_cpus < 1:
+            raise ValueError(f"num_cpus must be >= 1, got {num_cpus}")
+        if cpus_per_run <= 0:
+            raise ValueError(f"cpus_per_run must be > 0, got {cpus_per_run}")
+        if address is not None and num_cpus is not None:
+            raise ValueError("num_cpus only applies to a local Ray; drop it when address is set")
+        self.address = address
+        self.num_cpus = num_cpus
+        self.cpus_per_run = cpus_per_run
+        self.command = command
+        self.outcomes: dict[str, TrialOutcome] = {}
+
+    def submit(self, run_dirs: list[Path], attempts: dict[str, int]) -> list[Submission]:
+        """Run every folder as a trial and return once all have ended (job_id = trial id)."""
+        if not run_dirs:
+            return []
+        jobs = {
+            run_dir.name: (self.command(run_dir), str(run_dir), attempts.get(run_dir.name, 1))
+            for run_dir in run_dirs
+        }
+        if len(jobs) != len(run_dirs):
+            raise ValueError(f"run folder names must be unique, got {[d.name for d in run_dirs]}")
+        import ray  # imported here: starting Ray costs seconds, only the ray executor needs it
+
+        temp_dir = tempfile.mkdtemp(prefix="mxscale-ray-", dir="/tmp")
+        try:
+            if self.address is None:
+                ray.init(num_cpus=self.num_cpus, include_dashboard=False, _temp_dir=temp_dir)
+            else:
+                ray.init(address=self.address)
+            trial_ids, errors = _fit(jobs, self.cpus_per_run, Path(temp_dir) / "tune")
+        finally:
+            ray.shutdown()
+            shutil.rmtree(temp_dir, ignore_errors=True)
+        for run_id in jobs:
+            error = errors.get(run_id)
+            self.outcomes[run_id] = TrialOutcome(
+                run_id, trial_ids.get(run_id), "failed" if error else "done", error
+            )
+        return [
+            Submission(run_id, self.name, trial_ids.get(run_id), attempt)
+            for run_id, (_, _, attempt) in jobs.items()
+        ]
+
+    def query(self, submissions: list[Submission]) -> dict[str, str]:
+        """Trials never outlive `submit`, so Ray holds none of them any more."""
+        return {sub.run_id: "gone" for sub in submissions}
+
+    def cancel(self, submissions: list[Submission]) -> None:
+        """Nothing to cancel: trials end with `submit` (interrupting it stops them)."""
+
+
+def _fit(
+    jobs: dict[str, tuple[list[str], str, int]], cpus_per_run: float, storage: Path
+) -> tuple[dict[str, str], dict[str, str]]:
+    """Run the Tune grid; return {run_id: trial_id} and {run_id: error} for failed trials."""
+    from ray import tune
+
+    class TrialIds(tune.Callback):
+        def __init__(self) -> None:
+            self.by_run: dict[str, str] = {}
+
+        def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+            self.by_run[trial.config["run_id"]] = trial.trial_id
+
+    recorder = TrialIds()
+    trainable = tune.with_resources(
+        tune.with_parameters(_run_trial, jobs=jobs), {"cpu": cpus_per_run}
+    )
+    tuner = tune.Tuner(
+        trainable,
+        param_space={"run_id": tune.grid_search(list(jobs))},
+        run_config=tune.RunConfig(
+            name="sweep",
+            storage_path=str(storage),
+            # A failed run is retried by `sweep launch --retry-failed`, not behind its back.
+            failure_config=tune.FailureConfig(max_failures=0),
+            callbacks=[recorder],
+            verbose=0,
+        ),
+    )
+    errors = {
+        result.config["run_id"]: str(result.error).strip().splitlines()[-1]
+        for result in tuner.fit()
+        if result.error is not None
+    }
+    return recorder.by_run, errors
