@@ -7,16 +7,17 @@ import os
 import signal
 
 from models.atomic import atomic_write_json
-from sweep.store import CANCEL_FILE, RunRecord, SweepError, SweepStore
+from sweep.errors import SweepError
+from sweep.store import CANCEL_FILE, RunRecord, SweepStore
 
 ACTIVE = ("queued", "running")
 
 
 def cancel_runs(store: SweepStore, run_ids: list[str] | None) -> list[RunRecord]:
     """Cancel the named (default: all) active runs; return the ones cancelled."""
-    from sweep.launch import scheduler_view
+    from sweep.reconcile import current_records
 
-    records = store.records(scheduler_view(store))
+    records = current_records(store)
     if run_ids:
         known = {r.run_id for r in records}
         unknown = [rid for rid in run_ids if rid not in known]

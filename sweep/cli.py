@@ -16,8 +16,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from sweep.grid import GridError
-from sweep.store import SweepError, SweepStore
+from sweep.errors import GridError, SweepError
+from sweep.store import SweepStore
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="Sweep, train and analyse MX low-precision scaling studies.")
@@ -121,11 +121,11 @@ def status(
     runs: Annotated[bool, typer.Option(help="also list every run")] = True,
 ) -> None:
     """Where every run of SWEEP_DIR stands: counts by state, then one row per run."""
-    from sweep.launch import scheduler_view
+    from sweep.reconcile import current_records
     from sweep.status import render, run_row, state_counts
 
     store = _open_store(sweep_dir)
-    rows = [run_row(r) for r in store.records(scheduler_view(store))]
+    rows = [run_row(r) for r in current_records(store)]
     if as_json:
         print(json.dumps({"counts": state_counts(rows), "runs": rows}, indent=2))
         return

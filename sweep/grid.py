@@ -20,13 +20,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from models.config import RunSpec
 from models.flops import steps_for_budget
 from mx.spec import FORMATS
+from sweep.errors import GridError
 
 SPECIAL_AXES = ("budget", "seed", "precision", "shape", "d_model")
 RUNSPEC_FIELDS = tuple(RunSpec.model_fields)
-
-
-class GridError(ValueError):
-    """A grid file that cannot be used; the message names file, key, value and what is allowed."""
 
 
 class _Strict(BaseModel):

@@ -9,8 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sweep.errors import GridError
 from sweep.executors.base import Executor, Submission
-from sweep.grid import Expansion, GridError, expand_grid, load_grid
+from sweep.grid import Expansion, expand_grid, load_grid
+from sweep.reconcile import current_records
 from sweep.store import RunRecord, SweepStore
 
 # States that a plain launch (re)submits; failed/cancelled need --retry-failed.
@@ -87,20 +89,6 @@ def make_executor(name: str, store: SweepStore, options: LaunchOptions,
                        cpus_per_run=cpus_per_run)
 
 
-def scheduler_view(store: SweepStore) -> dict[str, str]:
-    """Ask each scheduler that holds submissions of this sweep about them (one query each)."""
-    by_executor: dict[str, list[Submission]] = {}
-    for record in store.records():
-        if record.submission and record.state in ("queued", "running", "stale"):
-            by_executor.setdefault(record.submission.executor, []).append(record.submission)
-    view: dict[str, str] = {}
-    if by_executor.get("slurm") and shutil.which("squeue"):
-        from sweep.executors.slurm import SlurmExecutor
-
-        view.update(SlurmExecutor(store.root).query(by_executor["slurm"]))
-    return view
-
-
 def launch(grid_path: str | Path, sweep_dir: str | Path | None, options: LaunchOptions,
            on_start: Callable[[list[RunRecord], str], None] | None = None) -> LaunchResult:
     """Expand the grid and submit the runs that are missing, stale or (optionally) failed.
@@ -125,7 +113,7 @@ def launch(grid_path: str | Path, sweep_dir: str | Path | None, options: LaunchO
                          update_grid=options.update_grid)
         for spec in expansion.runs:
             store.write_spec(spec.run_id, spec.model_dump_json(indent=2))
-        records = store.records(scheduler_view(store))
+        records = current_records(store)
         wanted = RESUBMIT + (RETRYABLE if options.retry_failed else ())
         for record in records:
             if record.state in wanted:

@@ -32,19 +32,23 @@ class StateWriter:
         self.started = time.time()
         self._last_write = 0.0
         self._last_loss: float | None = None
+        self._first_step_at: float | None = None
 
     def write(self, state: str, step: int, **extra) -> None:
         atomic_write_json(self.path, {
             "state": state, "step": step, "total_steps": self.total_steps,
             "attempt": self.attempt, "heartbeat": time.time(), "started_at": self.started,
-            "last_loss": self._last_loss, "host": socket.gethostname(), "pid": os.getpid(),
-            **extra})
+            "last_loss": self._last_loss, "first_step_at": self._first_step_at,
+            "host": socket.gethostname(), "pid": os.getpid(), **extra})
 
     def progress(self, step: int, total_steps: int, loss: float | None) -> None:
         """Reporter hook called by the training loop at each logged step."""
         if loss is not None:
             self._last_loss = loss
-        if time.monotonic() - self._last_write >= HEARTBEAT_EVERY_S:
+        first = self._first_step_at is None
+        if first:
+            self._first_step_at = time.time()
+        if first or time.monotonic() - self._last_write >= HEARTBEAT_EVERY_S:
             self._last_write = time.monotonic()
             self.write("running", step)
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from models.atomic import atomic_write_json, atomic_write_text
+from sweep.errors import SweepError
 from sweep.executors.base import Submission
 
 RUN_STATES = ("pending", "queued", "running", "done", "diverged", "failed", "cancelled",
@@ -27,10 +28,6 @@ TERMINAL_STATES = ("done", "diverged")
 CANCEL_FILE = "cancel.json"
 # A run whose heartbeat is older than this, and whose process or job is gone, is stale.
 STALE_AFTER_S = 120.0
-
-
-class SweepError(ValueError):
-    """A sweep folder that cannot be used as asked (message says why and what to do)."""
 
 
 @dataclass
@@ -42,8 +39,12 @@ class RunRecord:
     spec: dict[str, Any]
     state: str
     marker: dict[str, Any] | None
-    submission: Submission | None
+    submitted: dict[str, Any] | None
     summary: dict[str, Any] | None
+
+    @property
+    def submission(self) -> Submission | None:
+        return Submission.from_json(self.submitted) if self.submitted else None
 
     @property
     def config(self) -> str:
@@ -131,21 +132,29 @@ class SweepStore:
             return json.loads((self.root / "sweep.json").read_text())["run_ids"]
         return sorted(p.name for p in self.runs_dir.iterdir()) if self.runs_dir.is_dir() else []
 
-    def records(self, scheduler: dict[str, str] | None = None) -> list[RunRecord]:
-        """Every run of the sweep with its derived state; ``scheduler`` maps run_id to
-        queued|running|gone for submitted runs the scheduler was asked about."""
+    def records(self) -> list[RunRecord]:
+        """Every run of the sweep with the state its files alone imply."""
         now = time.time()
-        return [self.record(run_id, scheduler or {}, now) for run_id in self.run_ids()]
+        return [self.record(run_id, now) for run_id in self.run_ids()]
 
-    def record(self, run_id: str, scheduler: dict[str, str], now: float) -> RunRecord:
+    def record(self, run_id: str, now: float) -> RunRecord:
         run_dir = self.runs_dir / run_id
         spec = read_json_if_exists(run_dir / "spec.json") or {}
         marker = read_json_if_exists(run_dir / "state.json")
         submitted = read_json_if_exists(run_dir / "submitted.json")
-        submission = Submission.from_json(submitted) if submitted else None
         summary = read_json_if_exists(run_dir / "summary.json")
-        state = derive_state(marker, submitted, scheduler.get(run_id), now)
-        return RunRecord(run_id, run_dir, spec, state, marker, submission, summary)
+        state = derive_state(marker, submitted, None, now)
+        return RunRecord(run_id, run_dir, spec, state, marker, submitted, summary)
+
+
+def with_scheduler(records: list[RunRecord], scheduler: dict[str, str]) -> list[RunRecord]:
+    """Re-derive the state of runs the scheduler answered for (queued|running|gone)."""
+    now = time.time()
+    for record in records:
+        if record.run_id in scheduler:
+            record.state = derive_state(record.marker, record.submitted,
+                                        scheduler[record.run_id], now)
+    return records
 
 
 def derive_state(marker: dict | None, submitted: dict | None, scheduler: str | None,

@@ -29,8 +29,9 @@ class RunOutcome:
 
     run_id: str
     exit_code: int
-    seconds: float
-    dispatch_to_start_s: float
+    started_at: float
+    ended_at: float
+    worker_pid: int
 
 
 OnEvent = Callable[[str, str, RunOutcome | None], None]  # (event, run_id, outcome)
@@ -45,7 +46,7 @@ def _warm_worker(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def _run_in_worker(run_dir: str, attempt: int, dispatched_at: float) -> RunOutcome:
+def _run_in_worker(run_dir: str, attempt: int) -> RunOutcome:
     from sweep.run import execute
 
     started = time.time()
@@ -67,7 +68,7 @@ def _run_in_worker(run_dir: str, attempt: int, dispatched_at: float) -> RunOutco
             os.dup2(saved[1], 2)
             os.close(saved[0])
             os.close(saved[1])
-    return RunOutcome(Path(run_dir).name, code, time.time() - started, started - dispatched_at)
+    return RunOutcome(Path(run_dir).name, code, started, time.time(), os.getpid())
 
 
 class LocalExecutor:
@@ -105,8 +106,8 @@ class LocalExecutor:
                                        initargs=(self.cpus_per_run,)) as pool:
             futures: dict[Future, Path] = {}
             for run_dir in run_dirs:
-                futures[pool.submit(_run_in_worker, str(run_dir), attempts[run_dir.name],
-                                    time.time())] = run_dir
+                futures[pool.submit(_run_in_worker, str(run_dir),
+                                    attempts[run_dir.name])] = run_dir
             pending = set(futures)
             while pending:
                 done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
