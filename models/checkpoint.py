@@ -1,0 +1,44 @@
+"""Training checkpoints: atomic files named by step, newest first on load, a few kept."""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from models.atomic import atomic_write
+
+_NAME = re.compile(r"step-(\d{9})\.pt")
+
+
+def checkpoint_steps(ckpt_dir: Path) -> list[int]:
+    """Steps of the checkpoints present, ascending (temp files are ignored)."""
+    if not ckpt_dir.is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in ckpt_dir.iterdir() if (m := _NAME.fullmatch(p.name)))
+
+
+def save_checkpoint(ckpt_dir: Path, step: int, state: dict[str, Any], keep: int = 2) -> Path:
+    """Write ``state`` as the checkpoint of ``step``, then prune all but the newest ``keep``."""
+    path = atomic_write(ckpt_dir / f"step-{step:09d}.pt", lambda tmp: torch.save(state, tmp))
+    for old in checkpoint_steps(ckpt_dir)[:-keep]:
+        (ckpt_dir / f"step-{old:09d}.pt").unlink(missing_ok=True)
+    return path
+
+
+def load_latest(ckpt_dir: Path) -> dict[str, Any] | None:
+    """The newest checkpoint that loads, or None when there is none.
+
+    Writes are atomic, so an unreadable file means outside damage; it is skipped with a
+    warning rather than ending the run, and the next older checkpoint is used.
+    """
+    for step in reversed(checkpoint_steps(ckpt_dir)):
+        path = ckpt_dir / f"step-{step:09d}.pt"
+        try:
+            return torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as err:  # any unreadable file is treated alike
+            warnings.warn(f"skipping unreadable checkpoint {path}: {err}", stacklevel=2)
+    return None
