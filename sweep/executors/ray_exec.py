@@ -120,6 +120,8 @@ def _fit(
     tuner = tune.Tuner(
         trainable,
         param_space={"run_id": tune.grid_search(list(jobs))},
+        # Every trial has the same resources: reuse its worker instead of starting a new one.
+        tune_config=tune.TuneConfig(reuse_actors=True),
         run_config=tune.RunConfig(
             name="sweep",
             storage_path=str(storage),
