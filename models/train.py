@@ -93,8 +93,10 @@ class _StopSignals:
         self.received = signum
 
     def __exit__(self, *exc: object) -> None:
+        # After a stop request the process is on its way out; SLURM signals the step and
+        # the array task forwards the signal too, and that second copy must not kill it.
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, signal.SIG_IGN if self.received is not None else handler)
 
 
 def _device(name: str) -> torch.device:

@@ -83,20 +83,23 @@ def scheduler_state(slurm_state: str) -> str:
 def parse_job_states(lines: Iterable[str]) -> dict[str, str]:
     """Parse "jobid|STATE" lines (sacct -P / squeue) into {"<array>_<task>": SLURM state}.
 
-    Folded pending records such as "12_[0-3%2]" are expanded to one entry per task.
+    Folded pending records such as "12_[0-3%2]" are expanded to one entry per task. A task's
+    own record wins over a folded one: sacct keeps showing the folded range after a task
+    has been split off it (e.g. cancelled while pending).
     """
-    states: dict[str, str] = {}
+    explicit: dict[str, str] = {}
+    folded_states: dict[str, str] = {}
     for line in lines:
         if "|" not in line:
             continue
         job_id, state = (part.strip() for part in line.split("|", 1))
         folded = _FOLDED_ARRAY.match(job_id)
         if folded is None:
-            states[job_id] = state
+            explicit[job_id] = state
             continue
         for task in _expand_ranges(folded.group("ranges")):
-            states[f"{folded.group('job')}_{task}"] = state
-    return states
+            folded_states[f"{folded.group('job')}_{task}"] = state
+    return {**folded_states, **explicit}
 
 
 def _expand_ranges(ranges: str) -> list[int]:
@@ -177,8 +180,14 @@ def _requeue_self() -> None:
         job = f"{array_job}_{os.environ['SLURM_ARRAY_TASK_ID']}"
     else:
         job = os.environ["SLURM_JOB_ID"]
+    # Only a job still RUNNING was warned (USR2 before its limit) or signalled by hand. A
+    # cancelled, timed-out or preempted job reads COMPLETING, and SLURM 22.05 would requeue
+    # even a cancelled one, undoing `sweep cancel`.
+    state = _scheduler(["squeue", "-h", "-j", job, "-o", "%T"]).stdout.strip()
+    if state != "RUNNING":
+        print(f"not requeueing {job}: it is {state or 'unknown'}", file=sys.stderr)
+        return
     result = _scheduler(["scontrol", "requeue", job])
-    # A cancelled or timed-out job cannot be requeued; preemption may have requeued it already.
     if result.returncode != 0:
         print(f"requeue of {job} refused: {result.stderr.strip()}", file=sys.stderr)
 
