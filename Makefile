@@ -36,9 +36,10 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 figures: $(STAMP)
-	$(BIN)/sweep analyze --paper --plot all --out $(FIG_DIR)/paper
-	@if [ -d $(SWEEP_DIR)/runs ]; then $(BIN)/sweep analyze $(SWEEP_DIR) --plot all --out $(FIG_DIR)/demo; \
+	$(BIN)/sweep analyze --paper --plot all --table all --out $(FIG_DIR)/paper
+	@if [ -d $(SWEEP_DIR)/runs ]; then $(BIN)/sweep analyze $(SWEEP_DIR) --plot all --table all --out $(FIG_DIR)/demo; \
 	else echo "no demo sweep at $(SWEEP_DIR): run 'make demo' first for its figures"; fi
+	$(BIN)/python -m analysis.index $(FIG_DIR)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run_all

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from models.config import RunSpec
 from sweep.errors import GridError
 from sweep.executors.base import Executor, Submission
 from sweep.grid import Expansion, expand_grid, load_grid
@@ -65,8 +66,10 @@ def resolve_executor_name(requested: str) -> str:
 
 
 def make_executor(name: str, store: SweepStore, options: LaunchOptions,
-                  cpus_per_run: int, grid_launch) -> Executor:
-    """Build the named executor with options from flags first, then the grid."""
+                  runs: list[RunSpec], grid_launch) -> Executor:
+    """Build the named executor with options from flags first, then the grid; resources are
+    the largest any run of the grid asks for."""
+    cpus_per_run = max(spec.resources.cpus for spec in runs)
     if name == "local":
         from sweep.executors.local import LocalExecutor
 
@@ -82,6 +85,9 @@ def make_executor(name: str, store: SweepStore, options: LaunchOptions,
             store.root, partition=options.partition or grid_launch.partition,
             account=options.account or grid_launch.account,
             qos=options.qos or grid_launch.qos, cpus_per_task=cpus_per_run,
+            time_min=max(spec.resources.time_min for spec in runs),
+            gpus_per_task=max(spec.resources.gpus for spec in runs),
+            mem_gb=max((spec.resources.mem_gb or 0 for spec in runs), default=0) or None,
             array_parallelism=options.array_parallelism or grid_launch.array_parallelism)
     from sweep.executors.ray_exec import RayExecutor
 
@@ -101,13 +107,12 @@ def launch(grid_path: str | Path, sweep_dir: str | Path | None, options: LaunchO
         raise GridError(f"{grid_path}: the grid expands to no runs after filters "
                         f"(dropped: {expansion.dropped})")
     executor_name = resolve_executor_name(options.executor or grid.launch.executor)
-    cpus = max(spec.resources.cpus for spec in expansion.runs)
     _check_resources(grid_path, expansion, executor_name)
     store = SweepStore(sweep_dir or default_sweep_dir(grid_path, grid.name))
     result = LaunchResult(expansion, executor=executor_name, sweep_dir=store.root)
     if options.dry_run:
         return result
-    executor = make_executor(executor_name, store, options, cpus, grid.launch)
+    executor = make_executor(executor_name, store, options, expansion.runs, grid.launch)
     with store.lock():
         store.initialise(Path(grid_path).read_text(), [s.run_id for s in expansion.runs],
                          update_grid=options.update_grid)

@@ -68,7 +68,10 @@ def execute(run_dir: str | Path) -> int:
     if _cancel_requested(run_dir, attempt):
         writer.write("cancelled", int(marker.get("step", 0)), reason="cancelled before start")
         return EXIT_OK
-    writer.write("running", int(marker.get("step", 0)))
+    start_step = int(marker.get("step", 0))
+    print(f"attempt {attempt}: " + (f"resuming from step {start_step}" if start_step
+                                    else "starting") + f" of {spec.train.steps}", flush=True)
+    writer.write("running", start_step)
     try:
         summary = train_run(spec, run_dir, reporter=writer)
     except Preempted as stop:

@@ -1,0 +1,176 @@
+"""The one entry point the CLI calls: ``analyze`` writes the requested figures and tables."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import pandas as pd
+
+from analysis import figures
+from analysis import tables as tbl
+from analysis.index import write_index
+from analysis.instability import DEFAULT, Thresholds, classify_runs, frequency_table
+from analysis.joint import fit_joint, leave_one_budget_out
+from analysis.laws import N_BOOT, ConfigLaw, chinchilla_laws, compute_laws
+from analysis.load import load_metrics, load_paper_curves, load_paper_runs, load_sweep_runs
+
+PLOTS = ("scaling", "contours", "curves", "instability", "frontier")
+TABLES = ("fits", "instability", "mitigations")
+CURVE_NAMES = ("train/loss", "optim/grad_norm")
+# The paper's curves have 20-65 logged points, too few for the per-step defaults.
+PAPER_THRESHOLDS = Thresholds(window=10, ma_window=5)
+
+
+@dataclass
+class Source:
+    """Runs of one source plus its curves (None when it has no step metrics).
+
+    Laws are fitted once per source and shared by the figures and tables that need them.
+    """
+
+    label: str
+    runs: pd.DataFrame
+    curves: pd.DataFrame | None
+    thresholds: Thresholds
+    n_boot: int = N_BOOT
+
+    def classified(self) -> pd.DataFrame:
+        # Paper curves carry the logger's run ids, which do not join onto the run table.
+        metrics = self.curves if self.label != "paper" else None
+        return classify_runs(self.runs, metrics, self.thresholds)
+
+    @cached_property
+    def compute_laws(self) -> list[ConfigLaw]:
+        return compute_laws(self.runs, n_boot=self.n_boot)
+
+    @cached_property
+    def chinchilla_laws(self) -> list[ConfigLaw]:
+        return chinchilla_laws(self.runs, n_boot=self.n_boot)
+
+
+def load_source(sweep_dir: Path | None, paper: bool) -> Source:
+    """Load the paper's shipped data or a sweep folder (runs + loss/grad-norm curves)."""
+    if paper == (sweep_dir is not None):
+        raise ValueError(
+            "give exactly one source: a sweep folder or paper=True "
+            f"(got sweep_dir={sweep_dir}, paper={paper})"
+        )
+    if paper:
+        return Source("paper", load_paper_runs(), load_paper_curves(), PAPER_THRESHOLDS)
+    runs = load_sweep_runs(Path(sweep_dir))
+    metrics = load_metrics(Path(sweep_dir), names=CURVE_NAMES)
+    curves = None
+    if len(metrics):
+        metrics["run_id"] = metrics["run_id"].astype(str)
+        curves = metrics.merge(runs[["run_id", "ratio", "config"]], on="run_id", how="inner")
+    return Source(f"sweep {sweep_dir}", runs, curves, DEFAULT)
+
+
+def _expand(requested: Sequence[str], allowed: tuple[str, ...], kind: str) -> list[str]:
+    names = list(allowed) if "all" in requested else list(dict.fromkeys(requested))
+    unknown = [n for n in names if n not in allowed]
+    if unknown:
+        raise ValueError(f"unknown {kind} {unknown}; allowed: {', '.join(allowed)} or 'all'")
+    return names
+
+
+def _make_plot(name: str, src: Source, out_dir: Path) -> list[Path]:
+    if name == "scaling":
+        return figures.plot_scaling(src.runs, src.compute_laws, out_dir)
+    if name == "contours":
+        return figures.plot_contours(src.runs, src.chinchilla_laws, out_dir)
+    if name == "curves":
+        if src.curves is None or src.curves.empty:
+            raise ValueError(
+                f"plot 'curves' needs step metrics (train/loss) and {src.label} has none"
+            )
+        return figures.plot_curves(src.curves, out_dir)
+    if name == "instability":
+        return figures.plot_instability(frequency_table(src.classified()), out_dir)
+    return figures.plot_frontier(src.runs, out_dir)
+
+
+def _make_table(name: str, src: Source, out_dir: Path) -> list[Path]:
+    if name == "instability":
+        classified = src.classified()
+        note = (
+            f"Unstable = diverged, final - best val loss > {src.thresholds.tau}, or a "
+            f"{src.thresholds.ma_window}-point moving-average loss rise > "
+            f"{src.thresholds.ma_slope} per point."
+        )
+        paths = tbl.write_table(
+            tbl.instability_table(classified),
+            out_dir,
+            "instability",
+            "Unstable / total runs per compute budget",
+            note,
+        )
+        by_shape = tbl.instability_table(classified, by=("config", "d_model"))
+        return paths + tbl.write_table(
+            by_shape, out_dir, "instability_by_shape", "Unstable / total runs per d_model", note
+        )
+    if name == "mitigations":
+        table = tbl.mitigations_table(src.runs)
+        return tbl.write_table(
+            table, out_dir, "mitigations", "Validation-loss delta vs bf16_bf16, matched on N and D"
+        )
+    target = 10 * float(src.runs["budget"].max())
+    paths = []
+    for label, laws in (("chinchilla", src.chinchilla_laws), ("compute", src.compute_laws)):
+        title = f"{label} fits per configuration (95% bootstrap CI; target C = {target:.3g})"
+        paths += tbl.write_table(tbl.fits_table(laws, target), out_dir, f"fits_{label}", title)
+    joint, note = tbl.joint_table(fit_joint(src.runs))
+    paths += tbl.write_table(
+        joint,
+        out_dir,
+        "fits_joint",
+        "Joint precision-aware law L = E + A/(N f)^alpha + B/D^beta",
+        note,
+    )
+    lobo = leave_one_budget_out(src.runs)
+    paths += tbl.write_table(
+        lobo,
+        out_dir,
+        "fits_lobo",
+        "Leave-one-budget-out error: per-configuration vs joint law (mean |pred/actual - 1|)",
+    )
+    return paths
+
+
+def analyze(
+    sweep_dir: Path | None,
+    *,
+    paper: bool,
+    plots: Sequence[str],
+    tables: Sequence[str],
+    out_dir: Path,
+    n_boot: int = N_BOOT,
+) -> list[Path]:
+    """Write the requested figures (PNG and PDF) and tables (Markdown and CSV) into out_dir
+    and an index.md linking them; return the paths written. "all" in plots/tables expands to
+    every item. Raise ValueError with a clear message for an unknown plot/table name, a
+    folder with no runs, or a plot that needs data the source lacks (e.g. curves for a
+    sweep without metrics)."""
+    plot_names = _expand(plots, PLOTS, "plot")
+    table_names = _expand(tables, TABLES, "table")
+    src = load_source(sweep_dir, paper)
+    src.n_boot = n_boot
+    out_dir = Path(out_dir)
+    paths: list[Path] = []
+    skipped: list[str] = []
+    jobs = [(n, _make_plot, "all" in plots) for n in plot_names]
+    jobs += [(n, _make_table, "all" in tables) for n in table_names]
+    for name, make, from_all in jobs:
+        try:
+            paths += make(name, src, out_dir)
+        except ValueError as err:
+            # Asked for by name: the caller must hear why. Via "all": skip what this source lacks.
+            if not from_all:
+                raise
+            skipped.append(f"{name}: {err}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths.append(write_index(out_dir, paths, f"Analysis of {src.label}", skipped))
+    return paths

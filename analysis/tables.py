@@ -1,0 +1,145 @@
+"""Tables: per-configuration fits, instability frequency and the paper's mitigation deltas.
+
+Every ``*_table`` returns a DataFrame; :func:`write_table` writes it as CSV and Markdown.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis.configs import BASELINE, config_order
+from analysis.instability import frequency_table
+from analysis.joint import JointFit
+from analysis.laws import ConfigLaw
+
+
+def to_markdown(frame: pd.DataFrame, floatfmt: str = ".4g") -> str:
+    """A GitHub-flavoured Markdown table (no tabulate dependency)."""
+
+    def cell(value: object) -> str:
+        if isinstance(value, float | np.floating):
+            return "" if np.isnan(value) else format(value, floatfmt)
+        return str(value).replace("|", "\\|")
+
+    header = "| " + " | ".join(map(str, frame.columns)) + " |"
+    rule = "| " + " | ".join("---" for _ in frame.columns) + " |"
+    rows = ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    return "\n".join([header, rule, *rows]) + "\n"
+
+
+def write_table(
+    frame: pd.DataFrame, out_dir: Path, name: str, title: str, note: str = ""
+) -> list[Path]:
+    """Write ``name.csv`` and ``name.md`` (title, table, note) and return both paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    csv, md = out_dir / f"{name}.csv", out_dir / f"{name}.md"
+    frame.to_csv(csv, index=False)
+    md.write_text(f"# {title}\n\n{to_markdown(frame)}" + (f"\n{note}\n" if note else ""))
+    return [csv, md]
+
+
+def _with_ci(value: float, ci: tuple[float, float] | None) -> str:
+    if ci is None:
+        return f"{value:.4g}"
+    return f"{value:.4g} [{ci[0]:.3g}, {ci[1]:.3g}]"
+
+
+def fits_table(laws: list[ConfigLaw], target_flops: float) -> pd.DataFrame:
+    """One row per configuration: parameters with bootstrap CIs, N_opt and loss at a target C."""
+    rows = []
+    for law in laws:
+        row: dict[str, object] = {"config": law.config, "n_points": len(law.data)}
+        fit = law.fit
+        if fit is None:
+            rows.append({**row, "flags": law.reason})
+            continue
+        names = ("A", "B", "E", "alpha", "beta") if hasattr(fit, "beta") else ("A", "E", "gamma")
+        row.update({k: _with_ci(getattr(fit, k), fit.ci.get(k)) for k in names})
+        loss = float(fit.loss_at(target_flops))
+        if law.boot is not None:
+            lo, hi = law.boot.loss_ci(np.array([target_flops]))
+            row["loss_at_target"] = _with_ci(loss, (float(lo[0]), float(hi[0])))
+        else:
+            row["loss_at_target"] = f"{loss:.4g}"
+        if hasattr(fit, "n_opt"):
+            row["n_opt_at_target"] = f"{float(fit.n_opt(target_flops)):.3g}"
+        row.update(
+            {
+                "objective": fit.objective,
+                "converged": fit.converged,
+                "trustworthy": law.drawable,
+                "flags": fit.flags(),
+            }
+        )
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def instability_table(
+    classified: pd.DataFrame, by: tuple[str, ...] = ("config", "budget")
+) -> pd.DataFrame:
+    """Wide table: one row per configuration, one "unstable/total" column per budget."""
+    freq = frequency_table(classified, by)
+    freq["cell"] = freq["unstable"].astype(str) + "/" + freq["total"].astype(str)
+    wide = freq.pivot(index=by[0], columns=list(by[1:]), values="cell").fillna("")
+    wide.columns = [
+        " ".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in np.atleast_1d(c))
+        for c in wide.columns
+    ]
+    totals = freq.groupby(by[0])[["unstable", "total"]].sum()
+    wide["all"] = totals["unstable"].astype(str) + "/" + totals["total"].astype(str)
+    order = config_order(set(wide.index)) if by[0] == "config" else sorted(wide.index)
+    return wide.reindex(order).reset_index()
+
+
+def mitigations_table(runs: pd.DataFrame, baseline: str = BASELINE) -> pd.DataFrame:
+    """Validation-loss deltas of each configuration against the baseline matched on N and D.
+
+    Losses are averaged over seeds at each (N, D) first; only points both configurations ran
+    count. Positive delta = worse than the baseline.
+    """
+    if baseline not in set(runs["config"]):
+        raise ValueError(
+            f"baseline configuration {baseline!r} has no runs; have {sorted(set(runs['config']))}"
+        )
+    keys = ["n_params", "tokens"]
+    losses = ["final_val_loss", "min_val_loss"]
+    means = runs.groupby(["config", *keys])[losses].mean().reset_index()
+    base = means[means["config"] == baseline].drop(columns="config")
+    merged = means[means["config"] != baseline].merge(base, on=keys, suffixes=("", "_base"))
+    rows = []
+    for config in config_order(set(merged["config"])):
+        m = merged[merged["config"] == config]
+        d_final = m["final_val_loss"] - m["final_val_loss_base"]
+        d_min = m["min_val_loss"] - m["min_val_loss_base"]
+        rows.append(
+            {
+                "config": config,
+                "matched": len(m),
+                "mean_delta_final": d_final.mean(),
+                "median_delta_final": d_final.median(),
+                "max_delta_final": d_final.max(),
+                "mean_delta_min": d_min.mean(),
+                "frac_worse_0.01": float((d_final > 0.01).mean()),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def joint_table(fit: JointFit) -> tuple[pd.DataFrame, str]:
+    """Per-configuration effective-parameter factors of the joint law, plus a note with the
+    shared parameters and fit diagnostics."""
+    frame = pd.DataFrame(
+        {"config": list(fit.efficiency), "efficiency_f": list(fit.efficiency.values())}
+    )
+    frame["reference"] = frame["config"] == fit.reference
+    note = (
+        f"Shared: E={fit.E:.4g}, A={fit.A:.4g}, B={fit.B:.4g}, alpha={fit.alpha:.4g}, "
+        f"beta={fit.beta:.4g}; {fit.n_points} runs, objective {fit.objective:.4g}, "
+        f"converged={fit.converged}. {fit.flags() or 'No flags.'} "
+        "f < 1: the format behaves like a model with f times fewer parameters."
+    )
+    return frame, note
