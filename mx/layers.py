@@ -1,0 +1,258 @@
+"""Quantized drop-in modules and ``apply``/``remove`` to swap them into a live model.
+
+The quantized modules subclass the plain ones and share their Parameter objects, so an
+optimizer, ``state_dict`` keys and ``isinstance(m, nn.Linear)`` checks are unaffected.
+No torch function is patched globally: only the modules of the given model change.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mx.quantizer import clip_rate, quantize
+from mx.spec import PrecisionSpec
+
+
+def _round_elementwise(x: torch.Tensor, spec: PrecisionSpec) -> torch.Tensor:
+    return quantize(x, spec.elementwise, rounding=spec.rounding) if _bf16(spec) else x
+
+
+def _bf16(spec: PrecisionSpec) -> bool:
+    return spec.elementwise == "bf16"
+
+
+class _RoundSTE(torch.autograd.Function):
+    """Element-wise bf16 rounding of a value and of its gradient (the paper's non-GEMM ops)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, spec: PrecisionSpec) -> torch.Tensor:
+        ctx.spec = spec
+        return _round_elementwise(x, spec)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return _round_elementwise(grad, ctx.spec), None
+
+
+def _round_ste(x: torch.Tensor, spec: PrecisionSpec) -> torch.Tensor:
+    return _RoundSTE.apply(x, spec) if _bf16(spec) else x
+
+
+class _QuantizeSTE(torch.autograd.Function):
+    """Fake-quantize in the forward pass, pass the gradient straight through."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, fmt: str, spec: PrecisionSpec) -> torch.Tensor:
+        return _quant(x, fmt, spec, axis=-1)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, None, None
+
+
+def _quant(x: torch.Tensor, fmt: str, spec: PrecisionSpec, axis: int) -> torch.Tensor:
+    return quantize(
+        x,
+        fmt,
+        block_size=spec.block_size,
+        axis=axis,
+        scale_rule=spec.scale_rule,
+        rounding=spec.rounding,
+    )
+
+
+def _rate(x: torch.Tensor, fmt: str, spec: PrecisionSpec) -> float:
+    return clip_rate(x, fmt, block_size=spec.block_size, scale_rule=spec.scale_rule)
+
+
+class _MXLinearFn(torch.autograd.Function):
+    """y = Q(x) Q(W)^T + b with all three GEMMs quantized along the paper's axes.
+
+    Forward: x and W blocked along K (in_features). Weight gradient: grad_output and x
+    blocked along the token axis. Input gradient: grad_output along out_features and W
+    along out_features (dim 0). The unquantized x and W are saved and re-quantized in the
+    backward formats; the rounding itself is straight-through.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, spec: PrecisionSpec):
+        ctx.spec = spec
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(x, weight)
+        y = F.linear(_quant(x, spec.a_fmt, spec, -1), _quant(weight, spec.w_fmt, spec, -1))
+        y = _round_elementwise(y, spec)
+        if bias is not None:
+            y = _round_elementwise(y + bias, spec)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        spec: PrecisionSpec = ctx.spec
+        x, weight = ctx.saved_tensors
+        g2d = grad_out.reshape(-1, grad_out.shape[-1])
+        x2d = x.reshape(-1, x.shape[-1])
+        if spec.quantize_backward:
+            g_in = _quant(g2d, spec.grad_fmt, spec, -1)
+            w_in = _quant(weight, spec.bwd_w_fmt, spec, 0)
+            g_w = _quant(g2d, spec.grad_fmt, spec, 0)
+            x_w = _quant(x2d, spec.bwd_a_fmt, spec, 0)
+        else:
+            g_in = g_w = _round_elementwise(g2d, spec)
+            w_in = _round_elementwise(weight, spec)
+            x_w = _round_elementwise(x2d, spec)
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = _round_elementwise(g_in @ w_in, spec).reshape(x.shape)
+        if ctx.needs_input_grad[1]:
+            grad_w = _round_elementwise(g_w.t() @ x_w, spec)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = g2d.sum(0)
+        return grad_x, grad_w, grad_b, None
+
+
+class QuantLinear(nn.Linear):
+    """nn.Linear whose three GEMMs run in MX emulation per ``spec`` (built by ``apply``)."""
+
+    spec: PrecisionSpec
+    track_clips: bool
+    clip_stats: dict[str, float]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.track_clips:
+            self.clip_stats = {
+                "w": _rate(self.weight.detach(), self.spec.w_fmt, self.spec),
+                "a": _rate(x.detach(), self.spec.a_fmt, self.spec),
+            }
+        return _MXLinearFn.apply(x, self.weight, self.bias, self.spec)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, spec={self.spec.label}"
+
+
+class QuantLayerNorm(nn.LayerNorm):
+    """LayerNorm with bf16 internals (``spec.elementwise``) and quantized affine params.
+
+    ``spec.ln``: "mx" puts weight/bias in MX blocks of ``w_fmt``, "bf16" rounds them.
+    """
+
+    spec: PrecisionSpec
+    track_clips: bool
+    clip_stats: dict[str, float]
+
+    def _affine(self, param: torch.Tensor | None) -> torch.Tensor | None:
+        if param is None:
+            return None
+        if self.spec.ln == "mx":
+            return _QuantizeSTE.apply(param, self.spec.w_fmt, self.spec)
+        if self.spec.ln == "bf16":
+            return _QuantizeSTE.apply(param, "bf16", self.spec)
+        return param
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.track_clips and self.spec.ln == "mx" and self.weight is not None:
+            self.clip_stats = {"w": _rate(self.weight.detach(), self.spec.w_fmt, self.spec)}
+        x = _round_ste(x, self.spec)
+        y = F.layer_norm(
+            x, self.normalized_shape, self._affine(self.weight), self._affine(self.bias), self.eps
+        )
+        return _round_ste(y, self.spec)
+
+
+class QuantGELU(nn.GELU):
+    """GELU whose input, output and gradients are rounded to bf16 element-wise."""
+
+    spec: PrecisionSpec
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.gelu(_round_ste(x, self.spec), approximate=self.approximate)
+        return _round_ste(y, self.spec)
+
+
+_QUANT_OF = {nn.Linear: QuantLinear, nn.LayerNorm: QuantLayerNorm, nn.GELU: QuantGELU}
+_PLAIN_OF = {quant: plain for plain, quant in _QUANT_OF.items()}
+
+
+def _wanted(plain: type[nn.Module], spec: PrecisionSpec) -> bool:
+    if plain is nn.Linear:
+        return True
+    if plain is nn.LayerNorm:
+        return spec.ln != "none"
+    return spec.quantize_gelu and _bf16(spec)
+
+
+def _swap(module: nn.Module, cls: type[nn.Module]) -> nn.Module:
+    """A module of class ``cls`` sharing ``module``'s parameters, buffers and attributes."""
+    new = cls.__new__(cls)
+    new.__dict__ = dict(module.__dict__)
+    # Fresh containers so the old module stays usable and unaffected.
+    for name in ("_parameters", "_buffers", "_modules"):
+        new.__dict__[name] = dict(module.__dict__[name])
+    for name in ("spec", "track_clips", "clip_stats"):
+        new.__dict__.pop(name, None)
+    return new
+
+
+def _replace_children(model: nn.Module, convert) -> nn.Module:
+    """Replace every submodule m (and the root) by ``convert(m)`` when it returns one."""
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            new = convert(child)
+            if new is not None:
+                setattr(parent, name, new)
+    root = convert(model)
+    return model if root is None else root
+
+
+def remove(model: nn.Module) -> nn.Module:
+    """Restore plain nn.Linear/nn.LayerNorm/nn.GELU modules in place; returns the model."""
+
+    def convert(module: nn.Module) -> nn.Module | None:
+        plain = _PLAIN_OF.get(type(module))
+        return None if plain is None else _swap(module, plain)
+
+    return _replace_children(model, convert)
+
+
+def apply(model: nn.Module, spec: PrecisionSpec) -> nn.Module:
+    """Swap plain modules for quantized ones per ``spec``, in place; returns the model.
+
+    A model that is already quantized is first restored, so re-applying with another
+    spec mid-training works. Parameters are the same objects before and after.
+    """
+    if not isinstance(spec, PrecisionSpec):
+        raise ValueError(f"spec must be a PrecisionSpec, got {type(spec).__name__}")
+    model = remove(model)
+    if spec.is_noop:
+        return model
+
+    def convert(module: nn.Module) -> nn.Module | None:
+        plain = type(module)
+        if plain not in _QUANT_OF or not _wanted(plain, spec):
+            return None
+        new = _swap(module, _QUANT_OF[plain])
+        new.spec = spec
+        new.track_clips = False
+        new.clip_stats = {}
+        return new
+
+    return _replace_children(model, convert)
+
+
+def set_clip_tracking(model: nn.Module, on: bool) -> None:
+    """Turn per-layer clip-rate recording on or off for every quantized module of ``model``."""
+    for module in model.modules():
+        if isinstance(module, QuantLinear | QuantLayerNorm):
+            module.track_clips = on
+            if not on:
+                module.clip_stats = {}
+
+
+def clip_rates(model: nn.Module) -> dict[str, float]:
+    """Clip rates recorded on the last tracked forward: {"<module path>/w" | "/a": rate}."""
+    rates: dict[str, float] = {}
+    for path, module in model.named_modules():
+        for role, rate in getattr(module, "clip_stats", {}).items():
+            rates[f"{path}/{role}"] = rate
+    return rates
