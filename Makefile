@@ -24,6 +24,7 @@ demo: $(STAMP)
 	$(BIN)/sweep launch grids/demo.yaml --sweep-dir $(SWEEP_DIR) --executor local
 	$(BIN)/sweep status $(SWEEP_DIR)
 	$(BIN)/sweep analyze $(SWEEP_DIR) --plot scaling --out $(SWEEP_DIR)/figures
+	@echo "demo figure: $(SWEEP_DIR)/figures/scaling.png"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests

@@ -22,24 +22,50 @@ N_RUNS = 1000
 def make_sweep_folder(root: Path, n_runs: int) -> SweepStore:
     """A sweep folder with n_runs runs in mixed states, as a real sweep leaves it."""
     store = SweepStore(root)
-    specs = [RunSpec(model=LMConfig(d_model=64 * (1 + i % 8)), train=TrainConfig(steps=1000),
-                     seed=i, budget=1e18, tags={"config": f"cfg{i % 16}"})
-             for i in range(n_runs)]
+    specs = [
+        RunSpec(
+            model=LMConfig(d_model=64 * (1 + i % 8)),
+            train=TrainConfig(steps=1000),
+            seed=i,
+            budget=1e18,
+            tags={"config": f"cfg{i % 16}"},
+        )
+        for i in range(n_runs)
+    ]
     store.initialise("name: bench\n", [s.run_id for s in specs], update_grid=False)
     states = ("done", "running", "failed", "diverged")
     for i, spec in enumerate(specs):
         run_dir = store.write_spec(spec.run_id, spec.model_dump_json())
-        (run_dir / "submitted.json").write_text(json.dumps(
-            {"run_id": spec.run_id, "executor": "slurm", "job_id": f"{i}_0", "attempt": 1,
-             "submitted_at": time.time()}))
+        (run_dir / "submitted.json").write_text(
+            json.dumps(
+                {
+                    "run_id": spec.run_id,
+                    "executor": "slurm",
+                    "job_id": f"{i}_0",
+                    "attempt": 1,
+                    "submitted_at": time.time(),
+                }
+            )
+        )
         if i % 10:
             state = states[i % 4]
-            (run_dir / "state.json").write_text(json.dumps(
-                {"state": state, "step": 500, "attempt": 1, "heartbeat": time.time(),
-                 "host": "node1", "pid": 1, "last_loss": 3.2}))
+            (run_dir / "state.json").write_text(
+                json.dumps(
+                    {
+                        "state": state,
+                        "step": 500,
+                        "attempt": 1,
+                        "heartbeat": time.time(),
+                        "host": "node1",
+                        "pid": 1,
+                        "last_loss": 3.2,
+                    }
+                )
+            )
             if state in ("done", "diverged"):
-                (run_dir / "summary.json").write_text(json.dumps(
-                    {"state": state, "steps_done": 1000, "final_val_loss": 3.1}))
+                (run_dir / "summary.json").write_text(
+                    json.dumps({"state": state, "steps_done": 1000, "final_val_loss": 3.1})
+                )
     return store
 
 
@@ -49,22 +75,32 @@ def bench_status(tmp: Path) -> None:
     rows = [run_row(r) for r in store.records()]
     in_process = time.perf_counter() - start
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "sweep.cli", "status", str(store.root), "--json"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "sweep.cli", "status", str(store.root), "--json"],
+        check=True,
+        capture_output=True,
+    )
     whole = time.perf_counter() - start
     start = time.perf_counter()
     subprocess.run([sys.executable, "-c", "pass"], check=True)
     bare = time.perf_counter() - start
-    print(f"status, {len(rows)} runs: {in_process:.3f} s in process, {whole:.3f} s as a whole "
-          f"`sweep status --json` process (bare interpreter start: {bare:.3f} s; "
-          f"target < 1 s: {'met' if whole < 1 else 'MISSED'})")
+    print(
+        f"status, {len(rows)} runs: {in_process:.3f} s in process, {whole:.3f} s as a whole "
+        f"`sweep status --json` process (bare interpreter start: {bare:.3f} s; "
+        f"target < 1 s: {'met' if whole < 1 else 'MISSED'})"
+    )
 
 
 def bench_dispatch(tmp: Path, n_runs: int = 8) -> None:
     store = SweepStore(tmp / "dispatch")
-    specs = [RunSpec(model=LMConfig(d_model=16, head_dim=16, vocab_size=64, seq_len=16),
-                     train=TrainConfig(steps=1, batch_size=2, eval_batches=1), seed=i)
-             for i in range(n_runs)]
+    specs = [
+        RunSpec(
+            model=LMConfig(d_model=16, head_dim=16, vocab_size=64, seq_len=16),
+            train=TrainConfig(steps=1, batch_size=2, eval_batches=1),
+            seed=i,
+        )
+        for i in range(n_runs)
+    ]
     store.initialise("name: dispatch\n", [s.run_id for s in specs], update_grid=False)
     dirs = [store.write_spec(s.run_id, s.model_dump_json()) for s in specs]
     outcomes = []
@@ -84,10 +120,12 @@ def bench_dispatch(tmp: Path, n_runs: int = 8) -> None:
     subprocess.run([sys.executable, "-c", "import torch, models.train"], check=True)
     cold = time.perf_counter() - start
     worst = max(gaps)
-    print(f"local executor, {n_runs} one-step runs on 2 warm workers: per-run overhead from "
-          f"dispatch to first step: mean {sum(gaps) / len(gaps):.3f} s, max {worst:.3f} s "
-          f"(target < 0.5 s: {'met' if worst < 0.5 else 'MISSED'}); a fresh process per run "
-          f"would first pay {cold:.2f} s of imports ({cold / worst:.1f}x the worst gap)")
+    print(
+        f"local executor, {n_runs} one-step runs on 2 warm workers: per-run overhead from "
+        f"dispatch to first step: mean {sum(gaps) / len(gaps):.3f} s, max {worst:.3f} s "
+        f"(target < 0.5 s: {'met' if worst < 0.5 else 'MISSED'}); a fresh process per run "
+        f"would first pay {cold:.2f} s of imports ({cold / worst:.1f}x the worst gap)"
+    )
 
 
 def main() -> None:

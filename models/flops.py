@@ -5,8 +5,15 @@ from __future__ import annotations
 import math
 
 
-def lm_param_count(d_model: int, n_layers: int, vocab_size: int, *, mlp_ratio: int = 4,
-                   tie_embeddings: bool = False, swiglu: bool = False) -> int:
+def lm_param_count(
+    d_model: int,
+    n_layers: int,
+    vocab_size: int,
+    *,
+    mlp_ratio: int = 4,
+    tie_embeddings: bool = False,
+    swiglu: bool = False,
+) -> int:
     """All parameters of the decoder LM, embeddings and head included.
 
     With the paper's defaults this is N = 12·L·d² + 2·V·d + (4L+1)·d: per layer 4d² of

@@ -36,8 +36,13 @@ def cancel_runs(store: SweepStore, run_ids: list[str] | None) -> list[RunRecord]
         if record.submission.executor != "slurm":
             _signal_local(record)
         marker = dict(record.marker or {})
-        marker.update({"state": "cancelled", "attempt": record.attempt,
-                       "reason": "cancelled by `sweep cancel`"})
+        marker.update(
+            {
+                "state": "cancelled",
+                "attempt": record.attempt,
+                "reason": "cancelled by `sweep cancel`",
+            }
+        )
         atomic_write_json(record.run_dir / "state.json", marker)
     return active
 

@@ -19,8 +19,11 @@ from rich.console import Console
 from sweep.errors import GridError, SweepError
 from sweep.store import SweepStore
 
-app = typer.Typer(no_args_is_help=True, add_completion=False,
-                  help="Sweep, train and analyse MX low-precision scaling studies.")
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    help="Sweep, train and analyse MX low-precision scaling studies.",
+)
 # Piped output (CI logs, files) gets wide tables instead of Rich's 80-column default.
 console = Console(width=None if sys.stdout.isatty() else 200)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
@@ -44,8 +47,9 @@ def _open_store(sweep_dir: Path) -> SweepStore:
 def launch(
     grid: Annotated[Path, typer.Argument(help="grid YAML")],
     sweep_dir: Annotated[Path | None, typer.Option(help="default: sweeps/<grid name>")] = None,
-    executor: Annotated[str | None, typer.Option(
-        help="local | slurm | ray | auto (slurm if sbatch exists)")] = None,
+    executor: Annotated[
+        str | None, typer.Option(help="local | slurm | ray | auto (slurm if sbatch exists)")
+    ] = None,
     workers: Annotated[int | None, typer.Option(help="local/ray: parallel runs")] = None,
     retry_failed: Annotated[bool, typer.Option(help="resubmit failed/cancelled runs")] = False,
     update_grid: Annotated[bool, typer.Option(help="accept a changed grid")] = False,
@@ -65,9 +69,19 @@ def launch(
         plan(grid)
         return
     progress = LaunchProgress(console)
-    options = LaunchOptions(executor, workers, retry_failed, update_grid, False, partition,
-                            account, qos, array_parallelism, ray_address,
-                            on_event=progress.on_event)
+    options = LaunchOptions(
+        executor,
+        workers,
+        retry_failed,
+        update_grid,
+        False,
+        partition,
+        account,
+        qos,
+        array_parallelism,
+        ray_address,
+        on_event=progress.on_event,
+    )
     try:
         with progress:
             result = do_launch(grid, sweep_dir, options, on_start=progress.start)
@@ -77,21 +91,27 @@ def launch(
         err_console.print("interrupted: running runs were checkpointed; launch again to resume")
         raise typer.Exit(130) from None
     skipped = ", ".join(f"{n} {s}" for s, n in sorted(result.skipped.items())) or "none"
-    console.print(f"{len(result.expansion.runs)} runs in grid; submitted "
-                  f"{len(result.to_submit)} via {result.executor}; skipped: {skipped}")
+    console.print(
+        f"{len(result.expansion.runs)} runs in grid; submitted "
+        f"{len(result.to_submit)} via {result.executor}; skipped: {skipped}"
+    )
     console.print(f"sweep folder: {result.sweep_dir}")
     if progress.failures:
-        console.print(f"[red]{progress.failures} run(s) failed[/red]: `sweep status "
-                      f"{result.sweep_dir}` shows why")
+        console.print(
+            f"[red]{progress.failures} run(s) failed[/red]: `sweep status "
+            f"{result.sweep_dir}` shows why"
+        )
 
 
 @app.command()
 def plan(
     grid: Annotated[Path, typer.Argument(help="grid YAML")],
-    gpu_tflops: Annotated[float, typer.Option(
-        help="sustained TFLOP/s per GPU for the GPU-hour estimate")] = 150.0,
-    cpu_gflops: Annotated[float, typer.Option(
-        help="sustained GFLOP/s per core for the core-hour estimate")] = 10.0,
+    gpu_tflops: Annotated[
+        float, typer.Option(help="sustained TFLOP/s per GPU for the GPU-hour estimate")
+    ] = 150.0,
+    cpu_gflops: Annotated[
+        float, typer.Option(help="sustained GFLOP/s per core for the core-hour estimate")
+    ] = 10.0,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
 ) -> None:
     """Show the runs GRID expands to (N, D, C, steps) and the totals, running nothing."""
@@ -104,10 +124,15 @@ def plan(
         _fail(str(err))
     rows = plan_rows(expansion.runs)
     flops = total_flops(expansion.runs)
-    totals = {"runs": len(rows), "flops": flops, "dropped": expansion.dropped,
-              "gpu_hours": flops / (gpu_tflops * 1e12) / 3600,
-              "cpu_core_hours": flops / (cpu_gflops * 1e9) / 3600,
-              "assumed_gpu_tflops": gpu_tflops, "assumed_cpu_gflops": cpu_gflops}
+    totals = {
+        "runs": len(rows),
+        "flops": flops,
+        "dropped": expansion.dropped,
+        "gpu_hours": flops / (gpu_tflops * 1e12) / 3600,
+        "cpu_core_hours": flops / (cpu_gflops * 1e9) / 3600,
+        "assumed_gpu_tflops": gpu_tflops,
+        "assumed_cpu_gflops": cpu_gflops,
+    }
     if as_json:
         print(json.dumps({"runs": rows, "totals": totals}, indent=2))
         return
@@ -146,10 +171,13 @@ def run(run_dir: Annotated[Path, typer.Argument(help="one run folder")]) -> None
 def analyze(
     sweep_dir: Annotated[Path | None, typer.Argument(help="sweep folder")] = None,
     paper: Annotated[bool, typer.Option(help="use the paper's published runs")] = False,
-    plot: Annotated[list[str] | None, typer.Option(
-        help="scaling|contours|curves|instability|frontier|all (repeatable)")] = None,
-    table: Annotated[list[str] | None, typer.Option(
-        help="fits|instability|mitigations|all (repeatable)")] = None,
+    plot: Annotated[
+        list[str] | None,
+        typer.Option(help="scaling|contours|curves|instability|frontier|all (repeatable)"),
+    ] = None,
+    table: Annotated[
+        list[str] | None, typer.Option(help="fits|instability|mitigations|all (repeatable)")
+    ] = None,
     out: Annotated[Path | None, typer.Option(help="output folder")] = None,
 ) -> None:
     """Fit scaling laws, tabulate instabilities and draw figures."""
@@ -162,8 +190,7 @@ def analyze(
     if not plots and not tables:
         plots = ["scaling"]
     try:
-        written = run_analysis(sweep_dir, paper=paper, plots=plots, tables=tables,
-                               out_dir=out_dir)
+        written = run_analysis(sweep_dir, paper=paper, plots=plots, tables=tables, out_dir=out_dir)
     except ValueError as err:
         _fail(str(err))
     for path in written:

@@ -34,7 +34,8 @@ class Filters(_Strict):
     """Which expanded points to keep."""
 
     tokens_per_param: tuple[float, float] | None = Field(
-        default=None, description="keep points with lo < D/N < hi (the paper: [2, 200])")
+        default=None, description="keep points with lo < D/N < hi (the paper: [2, 200])"
+    )
     min_steps: int = Field(default=1, ge=1, description="drop points with fewer steps")
 
 
@@ -70,13 +71,16 @@ class GridSpec(_Strict):
 
     name: str = Field(description="sweep name; the default sweep folder is sweeps/<name>")
     description: str = ""
-    base: dict[str, Any] = Field(default_factory=dict,
-                                 description="partial RunSpec shared by every run")
+    base: dict[str, Any] = Field(
+        default_factory=dict, description="partial RunSpec shared by every run"
+    )
     axes: dict[str, list[Any] | Geomspace] = Field(
         default_factory=dict,
-        description="budget, seed, precision, shape, d_model, or a dotted RunSpec path")
-    zip: list[list[str]] = Field(default_factory=list,
-                                 description="groups of axes that advance together")
+        description="budget, seed, precision, shape, d_model, or a dotted RunSpec path",
+    )
+    zip: list[list[str]] = Field(
+        default_factory=list, description="groups of axes that advance together"
+    )
     filters: Filters = Field(default_factory=Filters)
     launch: LaunchSettings = Field(default_factory=LaunchSettings)
 
@@ -133,8 +137,7 @@ def expand_grid(grid: GridSpec, source: str | Path = "<grid>") -> Expansion:
 def grid_json_schema() -> dict[str, Any]:
     """JSON Schema of the grid format (for editors), with RunSpec as the base's schema."""
     schema = GridSpec.model_json_schema()
-    schema["properties"]["base"] = {"description": "partial RunSpec",
-                                    **RunSpec.model_json_schema()}
+    schema["properties"]["base"] = {"description": "partial RunSpec", **RunSpec.model_json_schema()}
     schema["properties"]["base"].pop("required", None)
     schema["title"] = "mxscale sweep grid"
     return schema
@@ -156,8 +159,9 @@ def _read_yaml_with_includes(path: Path, seen: tuple[Path, ...]) -> dict[str, An
         includes = [includes]
     merged: dict[str, Any] = {}
     for include in includes:
-        merged = deep_merge(merged, _read_yaml_with_includes(path.parent / include,
-                                                             (*seen, path.resolve())))
+        merged = deep_merge(
+            merged, _read_yaml_with_includes(path.parent / include, (*seen, path.resolve()))
+        )
     return deep_merge(merged, raw)
 
 
@@ -174,9 +178,11 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
 
 def _axis_values(source: str | Path, name: str, values: list[Any] | Geomspace) -> list[Any]:
     if name not in SPECIAL_AXES and name.split(".")[0] not in RUNSPEC_FIELDS:
-        raise GridError(f"{source}: axes.{name}: unknown axis; allowed: "
-                        f"{', '.join(SPECIAL_AXES)} or a dotted RunSpec path "
-                        f"({', '.join(RUNSPEC_FIELDS)}), e.g. train.lr")
+        raise GridError(
+            f"{source}: axes.{name}: unknown axis; allowed: "
+            f"{', '.join(SPECIAL_AXES)} or a dotted RunSpec path "
+            f"({', '.join(RUNSPEC_FIELDS)}), e.g. train.lr"
+        )
     if isinstance(values, Geomspace):
         if name != "budget":
             raise GridError(f"{source}: axes.{name}: geomspace is only allowed for budget")
@@ -189,17 +195,22 @@ def _axis_values(source: str | Path, name: str, values: list[Any] | Geomspace) -
     if name == "precision":
         for i, entry in enumerate(values):
             if not isinstance(entry, dict):
-                raise GridError(f"{source}: axes.precision[{i}]: expected a mapping like "
-                                f"{{w_fmt: fp8_e4m3, a_fmt: bf16}}, got {entry!r}")
+                raise GridError(
+                    f"{source}: axes.precision[{i}]: expected a mapping like "
+                    f"{{w_fmt: fp8_e4m3, a_fmt: bf16}}, got {entry!r}"
+                )
             for role in ("w_fmt", "a_fmt", "grad_fmt", "bwd_w_fmt", "bwd_a_fmt"):
                 if role in entry and entry[role] not in FORMATS:
-                    raise GridError(f"{source}: axes.precision[{i}].{role}: unknown format "
-                                    f"{entry[role]!r}; allowed: {', '.join(FORMATS)}")
+                    raise GridError(
+                        f"{source}: axes.precision[{i}].{role}: unknown format "
+                        f"{entry[role]!r}; allowed: {', '.join(FORMATS)}"
+                    )
     if name == "budget":
         for i, value in enumerate(values):
             if not isinstance(value, int | float) or value <= 0:
-                raise GridError(f"{source}: axes.budget[{i}]: {value!r} is not a positive "
-                                "number of FLOPs")
+                raise GridError(
+                    f"{source}: axes.budget[{i}]: {value!r} is not a positive number of FLOPs"
+                )
     return list(values)
 
 
@@ -210,15 +221,17 @@ def _points(source: str | Path, axes: dict[str, list[Any]], zips: list[list[str]
     for group in zips:
         missing = [name for name in group if name not in axes]
         if missing:
-            raise GridError(f"{source}: zip: {missing[0]!r} is not an axis; axes: "
-                            f"{', '.join(axes)}")
+            raise GridError(
+                f"{source}: zip: {missing[0]!r} is not an axis; axes: {', '.join(axes)}"
+            )
         lengths = {len(axes[name]) for name in group}
         if len(lengths) != 1:
-            raise GridError(f"{source}: zip: axes {group} have different lengths "
-                            f"{[len(axes[n]) for n in group]}; zipped axes must match")
+            raise GridError(
+                f"{source}: zip: axes {group} have different lengths "
+                f"{[len(axes[n]) for n in group]}; zipped axes must match"
+            )
         grouped.update(group)
-        factors.append([{name: (i, axes[name][i]) for name in group}
-                        for i in range(lengths.pop())])
+        factors.append([{name: (i, axes[name][i]) for name in group} for i in range(lengths.pop())])
     for name, values in axes.items():
         if name not in grouped:
             factors.append([{name: (i, value)} for i, value in enumerate(values)])
@@ -253,8 +266,9 @@ def _apply_axis(spec: dict[str, Any], axis: str, value: Any) -> None:
         node[leaf] = value
 
 
-def _validate_point(source: str | Path, spec_dict: dict[str, Any],
-                    point: dict[str, tuple[int, Any]]) -> RunSpec:
+def _validate_point(
+    source: str | Path, spec_dict: dict[str, Any], point: dict[str, tuple[int, Any]]
+) -> RunSpec:
     train = spec_dict.setdefault("train", {})
     # Budget runs get their steps later; a placeholder keeps validation of the rest honest.
     if spec_dict.get("budget") is not None:
@@ -312,5 +326,4 @@ def _allowed_keys(root: type[BaseModel], loc: tuple) -> list[str]:
 
 def total_flops(runs: list[RunSpec]) -> float:
     """Sum of C = 6·N·D over the runs, with D the realised tokens (steps x tokens/step)."""
-    return math.fsum(6.0 * r.model.param_count() * r.train.steps * r.tokens_per_step
-                     for r in runs)
+    return math.fsum(6.0 * r.model.param_count() * r.train.steps * r.tokens_per_step for r in runs)

@@ -65,38 +65,50 @@ def resolve_executor_name(requested: str) -> str:
     return requested
 
 
-def make_executor(name: str, store: SweepStore, options: LaunchOptions,
-                  runs: list[RunSpec], grid_launch) -> Executor:
+def make_executor(
+    name: str, store: SweepStore, options: LaunchOptions, runs: list[RunSpec], grid_launch
+) -> Executor:
     """Build the named executor with options from flags first, then the grid; resources are
     the largest any run of the grid asks for."""
     cpus_per_run = max(spec.resources.cpus for spec in runs)
     if name == "local":
         from sweep.executors.local import LocalExecutor
 
-        return LocalExecutor(options.workers or grid_launch.workers, cpus_per_run,
-                             on_event=options.on_event)
+        return LocalExecutor(
+            options.workers or grid_launch.workers, cpus_per_run, on_event=options.on_event
+        )
     if name == "slurm":
         from sweep.executors.slurm import SlurmExecutor, slurm_available
 
         if not slurm_available():
-            raise GridError("--executor slurm: no working SLURM here (sbatch not on PATH or "
-                            "`scontrol ping` fails); use --executor local or ray")
+            raise GridError(
+                "--executor slurm: no working SLURM here (sbatch not on PATH or "
+                "`scontrol ping` fails); use --executor local or ray"
+            )
         return SlurmExecutor(
-            store.root, partition=options.partition or grid_launch.partition,
+            store.root,
+            partition=options.partition or grid_launch.partition,
             account=options.account or grid_launch.account,
-            qos=options.qos or grid_launch.qos, cpus_per_task=cpus_per_run,
+            qos=options.qos or grid_launch.qos,
+            cpus_per_task=cpus_per_run,
             time_min=max(spec.resources.time_min for spec in runs),
             gpus_per_task=max(spec.resources.gpus for spec in runs),
             mem_gb=max((spec.resources.mem_gb or 0 for spec in runs), default=0) or None,
-            array_parallelism=options.array_parallelism or grid_launch.array_parallelism)
+            array_parallelism=options.array_parallelism or grid_launch.array_parallelism,
+        )
     from sweep.executors.ray_exec import RayExecutor
 
-    return RayExecutor(address=options.ray_address, num_cpus=options.workers,
-                       cpus_per_run=cpus_per_run)
+    return RayExecutor(
+        address=options.ray_address, num_cpus=options.workers, cpus_per_run=cpus_per_run
+    )
 
 
-def launch(grid_path: str | Path, sweep_dir: str | Path | None, options: LaunchOptions,
-           on_start: Callable[[list[RunRecord], str], None] | None = None) -> LaunchResult:
+def launch(
+    grid_path: str | Path,
+    sweep_dir: str | Path | None,
+    options: LaunchOptions,
+    on_start: Callable[[list[RunRecord], str], None] | None = None,
+) -> LaunchResult:
     """Expand the grid and submit the runs that are missing, stale or (optionally) failed.
 
     ``on_start(records, executor)`` is called once the runs to submit are known.
@@ -104,8 +116,9 @@ def launch(grid_path: str | Path, sweep_dir: str | Path | None, options: LaunchO
     grid = load_grid(grid_path)
     expansion = expand_grid(grid, grid_path)
     if not expansion.runs:
-        raise GridError(f"{grid_path}: the grid expands to no runs after filters "
-                        f"(dropped: {expansion.dropped})")
+        raise GridError(
+            f"{grid_path}: the grid expands to no runs after filters (dropped: {expansion.dropped})"
+        )
     executor_name = resolve_executor_name(options.executor or grid.launch.executor)
     _check_resources(grid_path, expansion, executor_name)
     store = SweepStore(sweep_dir or default_sweep_dir(grid_path, grid.name))
@@ -114,8 +127,11 @@ def launch(grid_path: str | Path, sweep_dir: str | Path | None, options: LaunchO
         return result
     executor = make_executor(executor_name, store, options, expansion.runs, grid.launch)
     with store.lock():
-        store.initialise(Path(grid_path).read_text(), [s.run_id for s in expansion.runs],
-                         update_grid=options.update_grid)
+        store.initialise(
+            Path(grid_path).read_text(),
+            [s.run_id for s in expansion.runs],
+            update_grid=options.update_grid,
+        )
         for spec in expansion.runs:
             store.write_spec(spec.run_id, spec.model_dump_json(indent=2))
         records = current_records(store)
@@ -136,8 +152,9 @@ def launch(grid_path: str | Path, sweep_dir: str | Path | None, options: LaunchO
             return result
         # Blocking executors: mark the runs as ours while holding the lock, then run them.
         for run_dir in run_dirs:
-            store.record_submission(Submission(run_dir.name, executor_name, None,
-                                               attempts[run_dir.name]))
+            store.record_submission(
+                Submission(run_dir.name, executor_name, None, attempts[run_dir.name])
+            )
     if run_dirs:
         result.submissions = executor.submit(run_dirs, attempts)
     return result
@@ -150,15 +167,21 @@ def _check_resources(grid_path: str | Path, expansion: Expansion, executor_name:
     cores = os.cpu_count() or 1
     for spec in expansion.runs:
         if spec.resources.gpus and executor_name == "local" and not _has_cuda_device():
-            raise GridError(f"{grid_path}: run {spec.run_id} asks for resources.gpus="
-                            f"{spec.resources.gpus} but this machine has no GPU; use "
-                            "--executor slurm or set resources.gpus: 0")
+            raise GridError(
+                f"{grid_path}: run {spec.run_id} asks for resources.gpus="
+                f"{spec.resources.gpus} but this machine has no GPU; use "
+                "--executor slurm or set resources.gpus: 0"
+            )
         if spec.resources.cpus > cores:
-            raise GridError(f"{grid_path}: run {spec.run_id} asks for resources.cpus="
-                            f"{spec.resources.cpus} but this machine has {cores} cores")
+            raise GridError(
+                f"{grid_path}: run {spec.run_id} asks for resources.cpus="
+                f"{spec.resources.cpus} but this machine has {cores} cores"
+            )
         if spec.resources.nodes > 1 and executor_name == "local":
-            raise GridError(f"{grid_path}: run {spec.run_id} asks for resources.nodes="
-                            f"{spec.resources.nodes}; only the slurm executor spans nodes")
+            raise GridError(
+                f"{grid_path}: run {spec.run_id} asks for resources.nodes="
+                f"{spec.resources.nodes}; only the slurm executor spans nodes"
+            )
 
 
 def _has_cuda_device() -> bool:

@@ -33,9 +33,14 @@ class LaunchProgress:
         if not records or executor == "slurm":
             return
         self._progress = Progress(
-            TextColumn("[bold]runs"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[detail]}"), TimeRemainingColumn(),
-            console=self.console, transient=False)
+            TextColumn("[bold]runs"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[detail]}"),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=False,
+        )
         self._task = self._progress.add_task("runs", total=self._total, detail="")
         self._progress.start()
 
@@ -48,5 +53,6 @@ class LaunchProgress:
             self.console.print(f"[red]{event}[/red] {run_id} (see `sweep logs <dir> {run_id}`)")
         if self._progress is not None:
             ended = self.done + self.failures
-            self._progress.update(self._task, completed=ended,
-                                  detail=f"done {self.done}  failed {self.failures}")
+            self._progress.update(
+                self._task, completed=ended, detail=f"done {self.done}  failed {self.failures}"
+            )

@@ -35,11 +35,22 @@ class StateWriter:
         self._first_step_at: float | None = None
 
     def write(self, state: str, step: int, **extra) -> None:
-        atomic_write_json(self.path, {
-            "state": state, "step": step, "total_steps": self.total_steps,
-            "attempt": self.attempt, "heartbeat": time.time(), "started_at": self.started,
-            "last_loss": self._last_loss, "first_step_at": self._first_step_at,
-            "host": socket.gethostname(), "pid": os.getpid(), **extra})
+        atomic_write_json(
+            self.path,
+            {
+                "state": state,
+                "step": step,
+                "total_steps": self.total_steps,
+                "attempt": self.attempt,
+                "heartbeat": time.time(),
+                "started_at": self.started,
+                "last_loss": self._last_loss,
+                "first_step_at": self._first_step_at,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                **extra,
+            },
+        )
 
     def progress(self, step: int, total_steps: int, loss: float | None) -> None:
         """Reporter hook called by the training loop at each logged step."""
@@ -69,13 +80,17 @@ def execute(run_dir: str | Path) -> int:
         writer.write("cancelled", int(marker.get("step", 0)), reason="cancelled before start")
         return EXIT_OK
     start_step = int(marker.get("step", 0))
-    print(f"attempt {attempt}: " + (f"resuming from step {start_step}" if start_step
-                                    else "starting") + f" of {spec.train.steps}", flush=True)
+    print(
+        f"attempt {attempt}: "
+        + (f"resuming from step {start_step}" if start_step else "starting")
+        + f" of {spec.train.steps}",
+        flush=True,
+    )
     writer.write("running", start_step)
     try:
         summary = train_run(spec, run_dir, reporter=writer)
     except Preempted as stop:
-        step = int(getattr(stop, "step", 0) or 0)
+        step = stop.step
         if _cancel_requested(run_dir, attempt):
             writer.write("cancelled", step, reason="cancelled by `sweep cancel`")
             return EXIT_OK
@@ -83,8 +98,12 @@ def execute(run_dir: str | Path) -> int:
         return EXIT_PREEMPTED
     except Exception as err:  # noqa: BLE001 - any crash is recorded as a failed run
         tail = traceback.format_exc().strip().splitlines()[-6:]
-        writer.write("failed", int(marker.get("step", 0)),
-                     reason=f"{type(err).__name__}: {err}", traceback="\n".join(tail))
+        writer.write(
+            "failed",
+            int(marker.get("step", 0)),
+            reason=f"{type(err).__name__}: {err}",
+            traceback="\n".join(tail),
+        )
         traceback.print_exc()
         return EXIT_FAILED
     atomic_write_json(run_dir / "summary.json", summary)

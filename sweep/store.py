@@ -22,8 +22,17 @@ from models.atomic import atomic_write_json, atomic_write_text
 from sweep.errors import SweepError
 from sweep.executors.base import Submission
 
-RUN_STATES = ("pending", "queued", "running", "done", "diverged", "failed", "cancelled",
-              "preempted", "stale")
+RUN_STATES = (
+    "pending",
+    "queued",
+    "running",
+    "done",
+    "diverged",
+    "failed",
+    "cancelled",
+    "preempted",
+    "stale",
+)
 TERMINAL_STATES = ("done", "diverged")
 CANCEL_FILE = "cancel.json"
 # A run whose heartbeat is older than this, and whose process or job is gone, is stale.
@@ -84,11 +93,11 @@ class SweepStore:
                 raise SweepError(
                     f"{self.root}: this sweep folder was launched with a different grid "
                     f"({added} runs added, {removed} removed). Use another --sweep-dir, or "
-                    "pass --update-grid to extend this sweep (finished runs are kept).")
+                    "pass --update-grid to extend this sweep (finished runs are kept)."
+                )
         else:
             meta = {"created_at": time.time()}
-        meta.update({"grid_hash": grid_hash, "run_ids": sorted(run_ids),
-                     "updated_at": time.time()})
+        meta.update({"grid_hash": grid_hash, "run_ids": sorted(run_ids), "updated_at": time.time()})
         atomic_write_text(self.root / "grid.yaml", grid_text)
         atomic_write_json(meta_path, meta)
 
@@ -115,8 +124,10 @@ class SweepStore:
                     break
                 except BlockingIOError:
                     if time.monotonic() > deadline:
-                        raise SweepError(f"{self.root}: another `sweep launch` holds the lock "
-                                         f"for more than {timeout_s:.0f} s") from None
+                        raise SweepError(
+                            f"{self.root}: another `sweep launch` holds the lock "
+                            f"for more than {timeout_s:.0f} s"
+                        ) from None
                     time.sleep(0.2)
             try:
                 yield
@@ -152,13 +163,15 @@ def with_scheduler(records: list[RunRecord], scheduler: dict[str, str]) -> list[
     now = time.time()
     for record in records:
         if record.run_id in scheduler:
-            record.state = derive_state(record.marker, record.submitted,
-                                        scheduler[record.run_id], now)
+            record.state = derive_state(
+                record.marker, record.submitted, scheduler[record.run_id], now
+            )
     return records
 
 
-def derive_state(marker: dict | None, submitted: dict | None, scheduler: str | None,
-                 now: float) -> str:
+def derive_state(
+    marker: dict | None, submitted: dict | None, scheduler: str | None, now: float
+) -> str:
     """One run's state from its marker, its submission record and the scheduler's word."""
     if marker is not None:
         state = marker.get("state", "running")
@@ -170,8 +183,7 @@ def derive_state(marker: dict | None, submitted: dict | None, scheduler: str | N
             return _submitted_state(submitted, scheduler, now)
         if state == "running":
             fresh = now - marker.get("heartbeat", 0.0) < STALE_AFTER_S
-            if scheduler == "running" or (scheduler is None and fresh
-                                          and _process_alive(marker)):
+            if scheduler == "running" or (scheduler is None and fresh and _process_alive(marker)):
                 return "running"
             if scheduler == "queued":  # requeued after preemption, not restarted yet
                 return "queued"

@@ -14,16 +14,18 @@ SWEEP = [sys.executable, "-m", "sweep.cli"]
 
 def sweep(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([*SWEEP, *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run(
+        [*SWEEP, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
 
 
 @pytest.mark.slow
 def test_micro_grid_launch_status_analyze_relaunch(tmp_path, repo_root):
     grid = repo_root / "tests" / "grids" / "micro.yaml"
     sweep_dir = tmp_path / "sweep"
-    launched = sweep("launch", str(grid), "--sweep-dir", str(sweep_dir), "--executor", "local",
-                     cwd=repo_root)
+    launched = sweep(
+        "launch", str(grid), "--sweep-dir", str(sweep_dir), "--executor", "local", cwd=repo_root
+    )
     assert launched.returncode == 0, launched.stdout + launched.stderr
     assert "submitted 8 via local" in launched.stdout
 
@@ -48,8 +50,9 @@ def test_micro_grid_launch_status_analyze_relaunch(tmp_path, repo_root):
         assert summary["state"] == "done" and summary["steps_done"] == spec["train"]["steps"]
 
     figures = tmp_path / "figs"
-    analyzed = sweep("analyze", str(sweep_dir), "--plot", "scaling", "--out", str(figures),
-                     cwd=repo_root)
+    analyzed = sweep(
+        "analyze", str(sweep_dir), "--plot", "scaling", "--out", str(figures), cwd=repo_root
+    )
     assert analyzed.returncode == 0, analyzed.stdout + analyzed.stderr
     png = figures / "scaling.png"
     assert png.is_file() and png.stat().st_size > 10_000
@@ -64,8 +67,10 @@ def test_micro_grid_launch_status_analyze_relaunch(tmp_path, repo_root):
 
 def test_bad_grid_exits_2_and_creates_nothing(tmp_path, repo_root):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("name: bad\naxes:\n  budget: [1.0e+9]\n  d_model: [32]\n"
-                   "  precision: [{w_fmt: fp9, a_fmt: bf16}]\n")
+    bad.write_text(
+        "name: bad\naxes:\n  budget: [1.0e+9]\n  d_model: [32]\n"
+        "  precision: [{w_fmt: fp9, a_fmt: bf16}]\n"
+    )
     sweep_dir = tmp_path / "sweep"
     result = sweep("launch", str(bad), "--sweep-dir", str(sweep_dir), cwd=repo_root)
     assert result.returncode == 2
@@ -76,8 +81,15 @@ def test_bad_grid_exits_2_and_creates_nothing(tmp_path, repo_root):
 
 def test_unknown_executor_exits_2(tmp_path, repo_root):
     grid = repo_root / "tests" / "grids" / "micro.yaml"
-    result = sweep("launch", str(grid), "--sweep-dir", str(tmp_path / "s"), "--executor",
-                   "kubernetes", cwd=repo_root)
+    result = sweep(
+        "launch",
+        str(grid),
+        "--sweep-dir",
+        str(tmp_path / "s"),
+        "--executor",
+        "kubernetes",
+        cwd=repo_root,
+    )
     assert result.returncode == 2
     assert "kubernetes" in result.stderr and "local" in result.stderr
     assert not (tmp_path / "s").exists()

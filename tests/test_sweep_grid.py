@@ -15,17 +15,26 @@ def write_grid(tmp_path: Path, grid: dict, name: str = "grid.yaml") -> Path:
     return path
 
 
-BASE = {"model": {"vocab_size": 1000, "seq_len": 128},
-        "train": {"batch_size": 32}}
+BASE = {"model": {"vocab_size": 1000, "seq_len": 128}, "train": {"batch_size": 32}}
 
 
 def test_cross_product_counts_and_derived_steps(tmp_path):
-    path = write_grid(tmp_path, {
-        "name": "g", "base": BASE,
-        "axes": {"budget": [1e13, 3e13], "d_model": [64, 128, 192],
-                 "precision": [{"w_fmt": "bf16", "a_fmt": "bf16"},
-                               {"w_fmt": "fp8_e4m3", "a_fmt": "fp8_e4m3"}],
-                 "seed": [0, 1]}})
+    path = write_grid(
+        tmp_path,
+        {
+            "name": "g",
+            "base": BASE,
+            "axes": {
+                "budget": [1e13, 3e13],
+                "d_model": [64, 128, 192],
+                "precision": [
+                    {"w_fmt": "bf16", "a_fmt": "bf16"},
+                    {"w_fmt": "fp8_e4m3", "a_fmt": "fp8_e4m3"},
+                ],
+                "seed": [0, 1],
+            },
+        },
+    )
     runs = expand_grid(load_grid(path), path).runs
     assert len(runs) == 2 * 3 * 2 * 2
     for spec in runs:
@@ -38,12 +47,18 @@ def test_cross_product_counts_and_derived_steps(tmp_path):
 
 
 def test_run_ids_are_stable_and_distinct(tmp_path):
-    grid = {"name": "g", "base": BASE, "axes": {"budget": [1e13], "d_model": [64, 128],
-                                                "seed": [0, 1]}}
+    grid = {
+        "name": "g",
+        "base": BASE,
+        "axes": {"budget": [1e13], "d_model": [64, 128], "seed": [0, 1]},
+    }
     first = [s.run_id for s in expand_grid(load_grid(write_grid(tmp_path, grid))).runs]
     # Reordering keys and adding resources does not change which runs these are.
-    grid2 = {"axes": {"seed": [0, 1], "d_model": [64, 128], "budget": [1e13]},
-             "base": {**BASE, "resources": {"cpus": 2}}, "name": "g"}
+    grid2 = {
+        "axes": {"seed": [0, 1], "d_model": [64, 128], "budget": [1e13]},
+        "base": {**BASE, "resources": {"cpus": 2}},
+        "name": "g",
+    }
     second = [s.run_id for s in expand_grid(load_grid(write_grid(tmp_path, grid2, "b.yaml"))).runs]
     assert sorted(first) == sorted(second)
     assert len(set(first)) == 4
@@ -51,21 +66,33 @@ def test_run_ids_are_stable_and_distinct(tmp_path):
 
 
 def test_zip_advances_axes_together(tmp_path):
-    path = write_grid(tmp_path, {
-        "name": "g", "base": {**BASE, "train": {"steps": 10, "batch_size": 32}},
-        "axes": {"d_model": [64, 128], "train.lr": [1e-3, 5e-4], "seed": [0, 1, 2]},
-        "zip": [["d_model", "train.lr"]]})
+    path = write_grid(
+        tmp_path,
+        {
+            "name": "g",
+            "base": {**BASE, "train": {"steps": 10, "batch_size": 32}},
+            "axes": {"d_model": [64, 128], "train.lr": [1e-3, 5e-4], "seed": [0, 1, 2]},
+            "zip": [["d_model", "train.lr"]],
+        },
+    )
     runs = expand_grid(load_grid(path)).runs
     assert len(runs) == 2 * 3
     assert {(s.model.d_model, s.train.lr) for s in runs} == {(64, 1e-3), (128, 5e-4)}
 
 
 def test_paper_filter_keeps_only_2_to_200_tokens_per_param(tmp_path):
-    path = write_grid(tmp_path, {
-        "name": "g", "base": {"model": {"seq_len": 512}, "train": {"batch_size": 512}},
-        "axes": {"budget": {"geomspace": [2e17, 1e19, 6], "extra": [2.2e19, 4.84e19]},
-                 "d_model": list(range(256, 1409, 64))},
-        "filters": {"tokens_per_param": [2, 200]}})
+    path = write_grid(
+        tmp_path,
+        {
+            "name": "g",
+            "base": {"model": {"seq_len": 512}, "train": {"batch_size": 512}},
+            "axes": {
+                "budget": {"geomspace": [2e17, 1e19, 6], "extra": [2.2e19, 4.84e19]},
+                "d_model": list(range(256, 1409, 64)),
+            },
+            "filters": {"tokens_per_param": [2, 200]},
+        },
+    )
     expansion = expand_grid(load_grid(path))
     assert expansion.dropped["tokens_per_param"] > 0
     for spec in expansion.runs:
@@ -78,31 +105,60 @@ def test_paper_filter_keeps_only_2_to_200_tokens_per_param(tmp_path):
 
 def test_include_merges_base(tmp_path):
     write_grid(tmp_path, {"base": BASE, "filters": {"min_steps": 1}}, "common.yaml")
-    path = write_grid(tmp_path, {"include": "common.yaml", "name": "g",
-                                 "base": {"train": {"lr": 1e-3}},
-                                 "axes": {"budget": [1e13], "d_model": [64]}})
+    path = write_grid(
+        tmp_path,
+        {
+            "include": "common.yaml",
+            "name": "g",
+            "base": {"train": {"lr": 1e-3}},
+            "axes": {"budget": [1e13], "d_model": [64]},
+        },
+    )
     (spec,) = expand_grid(load_grid(path)).runs
     assert spec.train.lr == 1e-3 and spec.train.batch_size == 32 and spec.model.seq_len == 128
 
 
-@pytest.mark.parametrize(("grid", "needles"), [
-    ({"name": "g", "base": BASE, "axes": {"d_model": [64]}, "bogus": 1},
-     ["bogus", "unknown key", "allowed"]),
-    ({"name": "g", "base": {**BASE, "model": {"dmodel": 64}}, "axes": {"budget": [1e13]}},
-     ["model.dmodel", "unknown key", "d_model"]),
-    ({"name": "g", "base": BASE, "axes": {"budget": [1e13], "d_model": []}},
-     ["axes.d_model", "empty"]),
-    ({"name": "g", "base": BASE, "axes": {"budget": [1e13], "d_model": [64],
-                                          "precision": [{"w_fmt": "fp9"}]}},
-     ["axes.precision[0].w_fmt", "fp9", "fp8_e4m3", "int8"]),
-    ({"name": "g", "base": BASE, "axes": {"budget": ["lots"], "d_model": [64]}},
-     ["axes.budget[0]", "lots"]),
-    ({"name": "g", "base": {**BASE, "train": {"batch_size": "big"}},
-      "axes": {"budget": [1e13], "d_model": [64]}},
-     ["train.batch_size", "big"]),
-    ({"name": "g", "base": BASE, "axes": {"colour": [1]}},
-     ["axes.colour", "unknown axis", "budget"]),
-])
+@pytest.mark.parametrize(
+    ("grid", "needles"),
+    [
+        (
+            {"name": "g", "base": BASE, "axes": {"d_model": [64]}, "bogus": 1},
+            ["bogus", "unknown key", "allowed"],
+        ),
+        (
+            {"name": "g", "base": {**BASE, "model": {"dmodel": 64}}, "axes": {"budget": [1e13]}},
+            ["model.dmodel", "unknown key", "d_model"],
+        ),
+        (
+            {"name": "g", "base": BASE, "axes": {"budget": [1e13], "d_model": []}},
+            ["axes.d_model", "empty"],
+        ),
+        (
+            {
+                "name": "g",
+                "base": BASE,
+                "axes": {"budget": [1e13], "d_model": [64], "precision": [{"w_fmt": "fp9"}]},
+            },
+            ["axes.precision[0].w_fmt", "fp9", "fp8_e4m3", "int8"],
+        ),
+        (
+            {"name": "g", "base": BASE, "axes": {"budget": ["lots"], "d_model": [64]}},
+            ["axes.budget[0]", "lots"],
+        ),
+        (
+            {
+                "name": "g",
+                "base": {**BASE, "train": {"batch_size": "big"}},
+                "axes": {"budget": [1e13], "d_model": [64]},
+            },
+            ["train.batch_size", "big"],
+        ),
+        (
+            {"name": "g", "base": BASE, "axes": {"colour": [1]}},
+            ["axes.colour", "unknown axis", "budget"],
+        ),
+    ],
+)
 def test_bad_grids_name_file_key_and_allowed_values(tmp_path, grid, needles):
     path = write_grid(tmp_path, grid)
     with pytest.raises(GridError) as err:
@@ -129,10 +185,10 @@ def test_paper_grid_covers_every_published_run(repo_root):
     path = repo_root / "grids" / "mx_vs_bf16.yaml"
     runs = expand_grid(load_grid(path), path).runs
     paper = pd.read_csv(repo_root / "analysis" / "data" / "runs.csv")
-    ours = {(spec.tags["config"], round(spec.budget / 1e15), spec.model.d_model)
-            for spec in runs}
-    theirs = {(row.config, round(row.total_flops / 1e15), row.d_model)
-              for row in paper.itertuples()}
+    ours = {(spec.tags["config"], round(spec.budget / 1e15), spec.model.d_model) for spec in runs}
+    theirs = {
+        (row.config, round(row.total_flops / 1e15), row.d_model) for row in paper.itertuples()
+    }
     assert {c for c, _, _ in ours} == set(paper["config"])
     assert theirs <= ours
     assert len(runs) == 16 * 95

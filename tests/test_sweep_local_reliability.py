@@ -17,10 +17,15 @@ LAUNCH = [sys.executable, "-m", "sweep.cli", "launch"]
 
 
 def start_launch(grid: Path, sweep_dir: Path, cwd: Path) -> subprocess.Popen:
-    return subprocess.Popen([*LAUNCH, str(grid), "--sweep-dir", str(sweep_dir)], cwd=cwd,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return subprocess.Popen(
+        [*LAUNCH, str(grid), "--sweep-dir", str(sweep_dir)],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
 
 
 def wait_for_progress(sweep_dir: Path, min_step: int, timeout: float = 120) -> None:
@@ -60,20 +65,29 @@ def test_interrupted_launch_resumes_without_loss_or_duplicates(tmp_path, repo_ro
     states = [json.loads(p.read_text())["state"] for p in sweep_dir.glob("runs/*/state.json")]
     assert "preempted" in states and "done" not in states
 
-    again = subprocess.run([*LAUNCH, str(grid), "--sweep-dir", str(sweep_dir)], cwd=repo_root,
-                           capture_output=True, text=True, timeout=300)
+    again = subprocess.run(
+        [*LAUNCH, str(grid), "--sweep-dir", str(sweep_dir)],
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert again.returncode == 0, again.stdout + again.stderr
     summaries = check_complete_and_unique(sweep_dir)
     assert len(summaries) == 4
 
     # The interrupted-and-resumed run ends exactly where an uninterrupted one does.
-    resumed = next(p.parent for p in sweep_dir.glob("runs/*/checkpoints")
-                   if json.loads((p.parent / "submitted.json").read_text())["attempt"] == 2)
+    resumed = next(
+        p.parent
+        for p in sweep_dir.glob("runs/*/checkpoints")
+        if json.loads((p.parent / "submitted.json").read_text())["attempt"] == 2
+    )
     fresh = tmp_path / "fresh" / resumed.name
     fresh.mkdir(parents=True)
     shutil.copy(resumed / "spec.json", fresh / "spec.json")
-    subprocess.run([sys.executable, "-m", "sweep.run", str(fresh)], cwd=repo_root, check=True,
-                   timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "sweep.run", str(fresh)], cwd=repo_root, check=True, timeout=300
+    )
     expected = json.loads((fresh / "summary.json").read_text())
     assert summaries[resumed.name]["final_val_loss"] == expected["final_val_loss"]
     assert summaries[resumed.name]["final_train_loss"] == expected["final_train_loss"]

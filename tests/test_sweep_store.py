@@ -21,34 +21,66 @@ def dead_pid() -> int:
     return proc.pid
 
 
-@pytest.mark.parametrize(("marker", "submitted", "scheduler", "expected"), [
-    (None, None, None, "pending"),
-    (None, {"executor": "slurm", "attempt": 1}, "queued", "queued"),
-    (None, {"executor": "slurm", "attempt": 1}, "gone", "stale"),
-    ({"state": "done", "attempt": 1}, {"executor": "slurm", "attempt": 1}, "gone", "done"),
-    ({"state": "diverged", "attempt": 1}, None, None, "diverged"),
-    ({"state": "failed", "attempt": 1}, {"executor": "slurm", "attempt": 1}, None, "failed"),
-    # A newer attempt was submitted after the failure: it is queued again.
-    ({"state": "failed", "attempt": 1}, {"executor": "slurm", "attempt": 2}, "queued", "queued"),
-    ({"state": "running", "heartbeat": NOW - 5, "attempt": 1, "host": "elsewhere", "pid": 1},
-     {"executor": "slurm", "attempt": 1}, None, "running"),
-    ({"state": "running", "heartbeat": NOW - 5, "attempt": 1, "host": "elsewhere", "pid": 1},
-     {"executor": "slurm", "attempt": 1}, "gone", "stale"),
-    ({"state": "running", "heartbeat": NOW - STALE_AFTER_S - 1, "attempt": 1,
-      "host": "elsewhere"}, {"executor": "slurm", "attempt": 1}, None, "stale"),
-    ({"state": "preempted", "attempt": 1}, {"executor": "slurm", "attempt": 1}, "queued",
-     "queued"),
-    ({"state": "preempted", "attempt": 1}, {"executor": "local", "attempt": 1}, None,
-     "preempted"),
-])
+@pytest.mark.parametrize(
+    ("marker", "submitted", "scheduler", "expected"),
+    [
+        (None, None, None, "pending"),
+        (None, {"executor": "slurm", "attempt": 1}, "queued", "queued"),
+        (None, {"executor": "slurm", "attempt": 1}, "gone", "stale"),
+        ({"state": "done", "attempt": 1}, {"executor": "slurm", "attempt": 1}, "gone", "done"),
+        ({"state": "diverged", "attempt": 1}, None, None, "diverged"),
+        ({"state": "failed", "attempt": 1}, {"executor": "slurm", "attempt": 1}, None, "failed"),
+        # A newer attempt was submitted after the failure: it is queued again.
+        (
+            {"state": "failed", "attempt": 1},
+            {"executor": "slurm", "attempt": 2},
+            "queued",
+            "queued",
+        ),
+        (
+            {"state": "running", "heartbeat": NOW - 5, "attempt": 1, "host": "elsewhere", "pid": 1},
+            {"executor": "slurm", "attempt": 1},
+            None,
+            "running",
+        ),
+        (
+            {"state": "running", "heartbeat": NOW - 5, "attempt": 1, "host": "elsewhere", "pid": 1},
+            {"executor": "slurm", "attempt": 1},
+            "gone",
+            "stale",
+        ),
+        (
+            {
+                "state": "running",
+                "heartbeat": NOW - STALE_AFTER_S - 1,
+                "attempt": 1,
+                "host": "elsewhere",
+            },
+            {"executor": "slurm", "attempt": 1},
+            None,
+            "stale",
+        ),
+        (
+            {"state": "preempted", "attempt": 1},
+            {"executor": "slurm", "attempt": 1},
+            "queued",
+            "queued",
+        ),
+        (
+            {"state": "preempted", "attempt": 1},
+            {"executor": "local", "attempt": 1},
+            None,
+            "preempted",
+        ),
+    ],
+)
 def test_derive_state(marker, submitted, scheduler, expected):
     assert derive_state(marker, submitted, scheduler, NOW) == expected
 
 
 def test_local_run_with_dead_process_is_stale():
     pid = dead_pid()
-    marker = {"state": "running", "heartbeat": time.time(), "attempt": 1, "host": HOST,
-              "pid": pid}
+    marker = {"state": "running", "heartbeat": time.time(), "attempt": 1, "host": HOST, "pid": pid}
     assert derive_state(marker, None, None, time.time()) == "stale"
     marker["pid"] = os.getpid()
     assert derive_state(marker, None, None, time.time()) == "running"
@@ -83,7 +115,10 @@ def test_lock_serialises_launchers(tmp_path):
         order.append("b-in")
     thread.join()
     assert order == ["a-in", "a-out", "b-in"]
-    with store.lock(), pytest.raises(SweepError, match="holds the lock"):
-        # flock is per open file description: a second open of the file conflicts.
-        with SweepStore(tmp_path / "s").lock(timeout_s=0.3):
-            pass
+    # flock is per open file description: a second open of the file conflicts.
+    with (
+        store.lock(),
+        pytest.raises(SweepError, match="holds the lock"),
+        SweepStore(tmp_path / "s").lock(timeout_s=0.3),
+    ):
+        pass

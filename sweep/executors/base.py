@@ -27,8 +27,13 @@ class Submission:
 
     @classmethod
     def from_json(cls, payload: dict) -> Submission:
-        return cls(**{k: payload[k] for k in ("run_id", "executor", "job_id", "attempt",
-                                              "submitted_at") if k in payload})
+        return cls(
+            **{
+                k: payload[k]
+                for k in ("run_id", "executor", "job_id", "attempt", "submitted_at")
+                if k in payload
+            }
+        )
 
 
 class Executor(Protocol):

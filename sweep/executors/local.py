@@ -76,8 +76,9 @@ class LocalExecutor:
 
     name = "local"
 
-    def __init__(self, workers: int | None = None, cpus_per_run: int = 1,
-                 on_event: OnEvent | None = None):
+    def __init__(
+        self, workers: int | None = None, cpus_per_run: int = 1, on_event: OnEvent | None = None
+    ):
         cores = os.cpu_count() or 1
         self.workers = workers or max(1, cores // cpus_per_run)
         self.cpus_per_run = cpus_per_run
@@ -85,8 +86,10 @@ class LocalExecutor:
 
     def submit(self, run_dirs: list[Path], attempts: dict[str, int]) -> list[Submission]:
         """Run everything; return the submissions once all runs have ended."""
-        submissions = [Submission(d.name, self.name, f"local-{os.getpid()}", attempts[d.name])
-                       for d in run_dirs]
+        submissions = [
+            Submission(d.name, self.name, f"local-{os.getpid()}", attempts[d.name])
+            for d in run_dirs
+        ]
         remaining = list(run_dirs)
         while remaining:
             remaining = self._run_pool(remaining, attempts)
@@ -101,13 +104,18 @@ class LocalExecutor:
         context = multiprocessing.get_context("spawn")
         unstarted: list[Path] = []
         stop = _StopRequest()
-        with stop, ProcessPoolExecutor(self.workers, mp_context=context,
-                                       initializer=_warm_worker,
-                                       initargs=(self.cpus_per_run,)) as pool:
+        with (
+            stop,
+            ProcessPoolExecutor(
+                self.workers,
+                mp_context=context,
+                initializer=_warm_worker,
+                initargs=(self.cpus_per_run,),
+            ) as pool,
+        ):
             futures: dict[Future, Path] = {}
             for run_dir in run_dirs:
-                futures[pool.submit(_run_in_worker, str(run_dir),
-                                    attempts[run_dir.name])] = run_dir
+                futures[pool.submit(_run_in_worker, str(run_dir), attempts[run_dir.name])] = run_dir
             pending = set(futures)
             while pending:
                 done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
