@@ -141,6 +141,8 @@ def launch(
                 result.to_submit.append(record)
             else:
                 result.skipped[record.state] = result.skipped.get(record.state, 0) + 1
+        # Longest runs first: a pool of workers then finishes sooner (no long tail).
+        result.to_submit.sort(key=_estimated_cost, reverse=True)
         attempts = {r.run_id: r.attempt + 1 for r in result.to_submit}
         run_dirs = [r.run_dir for r in result.to_submit]
         if on_start:
@@ -158,6 +160,12 @@ def launch(
     if run_dirs:
         result.submissions = executor.submit(run_dirs, attempts)
     return result
+
+
+def _estimated_cost(record: RunRecord) -> float:
+    """Relative cost of a run: steps x tokens per step x (parameters + a per-step overhead)."""
+    spec = RunSpec.model_validate(record.spec)
+    return spec.train.steps * spec.tokens_per_step * (spec.model.param_count() + 50_000)
 
 
 def _check_resources(grid_path: str | Path, expansion: Expansion, executor_name: str) -> None:
