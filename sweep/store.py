@@ -211,13 +211,24 @@ def _process_alive(record: dict) -> bool:
     """True if the process named by ``record`` (pid on host) still runs, or cannot be checked."""
     if record.get("host") != socket.gethostname() or not record.get("pid"):
         return True
+    pid = int(record["pid"])
     try:
-        os.kill(int(record["pid"]), 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    return not _is_zombie(pid)
+
+
+def _is_zombie(pid: int) -> bool:
+    """A killed process whose parent died stays a zombie until init reaps it (slowly, in
+    containers): it answers signals but will never write another marker."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] == "Z"
 
 
 def read_json_if_exists(path: Path) -> dict | None:
