@@ -39,6 +39,8 @@ RUN_COLUMNS = (
     "seed",
     "source",
 )
+# The writer's schema (models.metrics.SCHEMA) restated: analysis must not import models/torch.
+# tests/test_analysis_load.py keeps the two equal.
 METRICS_SCHEMA = pa.schema(
     [
         ("run_id", pa.string()),

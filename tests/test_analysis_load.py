@@ -118,3 +118,10 @@ def test_parts_with_plain_string_names_load_together(sweep):
     pq.write_table(plain, run / "metrics" / "part-00001.parquet")
     metrics = load_metrics(sweep, names=["perf/step_time"])
     assert len(metrics) == 2 and metrics["value"].tolist() == [0.1, 0.2]
+
+
+def test_metrics_schema_matches_the_writer():
+    from analysis.load import METRICS_SCHEMA
+    from models.metrics import SCHEMA
+
+    assert METRICS_SCHEMA.equals(SCHEMA)
