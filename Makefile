@@ -8,7 +8,7 @@ FIG_DIR ?= figures
 export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 
-.PHONY: venv demo test test-fast lint figures bench clean slurm-up slurm-down
+.PHONY: venv demo test test-fast lint figures bench clean slurm-up slurm-down proxy-cpu proxy-paper
 
 venv: $(STAMP)
 
@@ -25,6 +25,28 @@ demo: $(STAMP)
 	$(BIN)/sweep status $(SWEEP_DIR)
 	$(BIN)/sweep analyze $(SWEEP_DIR) --plot scaling --out $(SWEEP_DIR)/figures
 	@echo "demo figure: $(SWEEP_DIR)/figures/scaling.png"
+
+# The proxy study end to end: paired FP32/MX runs, every intervention arm branched before the
+# detected onset of each unstable MX run, then the paired and intervention figures/tables.
+PROXY_GRID ?= grids/proxy_cpu.yaml
+PROXY_DIR ?= sweeps/$(basename $(notdir $(PROXY_GRID)))
+PROXY_BEFORE ?= 20
+PROXY_EXECUTOR ?= local
+proxy-cpu: $(STAMP)
+	$(BIN)/sweep launch $(PROXY_GRID) --sweep-dir $(PROXY_DIR) --executor $(PROXY_EXECUTOR)
+	$(BIN)/sweep intervene --sweep-dir $(PROXY_DIR) --unstable --config mx_e4m3 --at onset \
+		--before $(PROXY_BEFORE) --arms all --executor $(PROXY_EXECUTOR)
+	$(BIN)/sweep status $(PROXY_DIR)
+	@if grep -qs '"branch": {' $(PROXY_DIR)/runs/*/spec.json; then \
+		branches="--plot interventions --table interventions"; \
+	else echo "no unstable MX run: nothing was branched"; fi; \
+	$(BIN)/sweep analyze $(PROXY_DIR) --plot paired --table paired $$branches \
+		--out $(PROXY_DIR)/figures
+	@echo "proxy figures and tables: $(PROXY_DIR)/figures/index.md"
+
+# On a GPU machine: the paper's regime (grids/proxy_paper.yaml), branching 590 steps early.
+proxy-paper:
+	$(MAKE) proxy-cpu PROXY_GRID=grids/proxy_paper.yaml PROXY_BEFORE=590
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests

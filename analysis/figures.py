@@ -21,6 +21,7 @@ from matplotlib.colors import LogNorm, Normalize  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
 
 from analysis.configs import FORMATS, config_color, config_order  # noqa: E402
+from analysis.isoflop import IsoFlopFit  # noqa: E402
 from analysis.laws import ConfigLaw, usable  # noqa: E402
 
 plt.rcParams.update({"font.size": 9, "axes.titlesize": 9, "legend.fontsize": 7})
@@ -295,3 +296,62 @@ def plot_frontier(runs: pd.DataFrame, out_dir: Path, clip: float = 0.2) -> list[
     fig.colorbar(image, ax=axes, label=f"final - best val loss (clipped at {clip})", shrink=0.7)
     fig.suptitle("Where training stops recovering: final minus best validation loss")
     return save(fig, out_dir, "frontier")
+
+
+def plot_isoflop(fits: dict[str, IsoFlopFit], out_dir: Path) -> list[Path]:
+    """Loss vs N per compute budget with the fitted parabolas and their minima N_opt(C)."""
+    if not fits:
+        raise ValueError("no configurations to draw IsoFLOP curves for")
+    fig, axes = _panels(len(fits))
+    budgets = np.concatenate([fit.budgets["budget"].to_numpy(float) for fit in fits.values()])
+    norm = LogNorm(budgets.min(), max(budgets.max(), budgets.min() * 1.01))
+    cmap = plt.get_cmap("viridis")
+    for ax, (config, fit) in zip(axes, fits.items(), strict=True):
+        for row in fit.budgets.itertuples():
+            color = cmap(norm(row.budget))
+            runs = fit.data[fit.data["budget"] == row.budget]
+            ax.scatter(runs["n_params"], runs[fit.loss], s=9, color=color, linewidths=0)
+            if row.n_sizes < 3:
+                continue
+            grid = np.geomspace(row.n_lo, row.n_hi, 60)
+            ax.plot(
+                grid,
+                fit.parabola(row.budget, grid),
+                color=color,
+                lw=0.9,
+                ls="-" if row.used else ":",
+            )
+            if row.used:
+                ax.scatter(
+                    row.n_opt,
+                    row.loss_opt,
+                    marker="*",
+                    s=70,
+                    color=color,
+                    edgecolors="k",
+                    linewidths=0.5,
+                    zorder=3,
+                )
+        if len(fit.data):
+            # Diverged-but-finite runs would otherwise flatten every parabola.
+            floor = fit.data.groupby("budget")[fit.loss].min().max()
+            ax.set_ylim(fit.data[fit.loss].min() * 0.98, CLIP_ABOVE_ENVELOPE * floor)
+        ci = f" [{fit.ci[0]:.2f}, {fit.ci[1]:.2f}]" if fit.ci else ""
+        ax.set_title(f"{config}: a = {fit.a:.3f}{ci}", color=config_color(config))
+        if fit.flags:
+            ax.text(0.03, 0.04, fit.flags[:60], transform=ax.transAxes, fontsize=6)
+        _log_axes(ax)
+        ax.set_xlabel("params N")
+        ax.set_ylabel(fit.loss.replace("_", " "))
+        ax.grid(alpha=0.3, which="both")
+    fig.colorbar(
+        plt.cm.ScalarMappable(norm=norm, cmap=cmap),
+        ax=axes,
+        label="compute budget C (FLOPs)",
+        shrink=0.7,
+    )
+    fig.suptitle(
+        "IsoFLOP curves: parabola in log N per budget, stars: N_opt(C) (dotted: minimum outside "
+        "the sampled N, left out); a in N_opt ∝ C^a with bootstrap 95% CI"
+    )
+    return save(fig, out_dir, "isoflop")

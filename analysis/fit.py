@@ -4,6 +4,9 @@ All forms are fitted in log space by minimising Huber(delta) of log L-hat - log 
 L-BFGS-B from many starts. The mean Huber loss is ~1e-5 at the optimum, below L-BFGS's
 absolute tolerances, so the objective is multiplied by ``scale`` (default 1e6); without it
 the optimiser stops at its start and returns wrong exponents (Epoch AI's Chinchilla finding).
+
+Every form has an analytic gradient, and the start grid is scored in one batched call (the
+models broadcast over a leading start axis of theta) before L-BFGS-B runs from the best starts.
 """
 
 from __future__ import annotations
@@ -16,10 +19,14 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 from scipy.optimize import minimize
+from scipy.special import expit
 
 DELTA = 1e-3
 SCALE = 1e6
 N_STARTS = 100
+# From the paper's 16 configurations the best-scoring grid start reaches the best optimum in 14
+# and the 5th-best in all; 20 keeps a margin at a fifth of Chinchilla's cost.
+KAPLAN_STARTS = 20
 # Parameter space is log-coefficients a=log A, b=log B, e=log E and exponents.
 LOG_COEF_BOUNDS = (-20.0, 100.0)
 LOG_E_BOUNDS = (-3.0, 3.0)
@@ -27,7 +34,7 @@ EXPONENT_BOUNDS = (0.0, 3.0)
 _BOUND_TOL = 1e-4
 _SHAPE_PARAMS = ("E", "alpha", "beta", "gamma")
 
-Model = Callable[[np.ndarray, tuple[np.ndarray, ...]], tuple[np.ndarray, np.ndarray | None]]
+Model = Callable[[np.ndarray, tuple[np.ndarray, ...]], tuple[np.ndarray, np.ndarray]]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,8 +93,8 @@ class FitInfo:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ChinchillaFit(FitInfo):
-    """L(N, D) = E + A/N^alpha + B/D^beta."""
+class NDFit(FitInfo):
+    """A law L(N, D) with parameters A, B, E, alpha, beta and its compute-optimal allocation."""
 
     A: float
     B: float
@@ -96,17 +103,16 @@ class ChinchillaFit(FitInfo):
     beta: float
 
     def predict(self, N: np.ndarray, D: np.ndarray) -> np.ndarray:
-        return (
-            self.E
-            + self.A / np.asarray(N, float) ** self.alpha
-            + self.B / np.asarray(D, float) ** self.beta
-        )
+        raise NotImplementedError
 
     def n_opt(self, C: np.ndarray) -> np.ndarray:
         """Compute-optimal parameters for budget C (C = 6ND)."""
-        a, b = self.alpha, self.beta
-        G = (a * self.A / (b * self.B)) ** (1.0 / (a + b))
-        return G * (np.asarray(C, float) / 6.0) ** (b / (a + b))
+        raise NotImplementedError
+
+    @property
+    def n_opt_exponent(self) -> float:
+        """a in N_opt ∝ C^a: beta/(alpha+beta) in both the Chinchilla and the Kaplan form."""
+        return self.beta / (self.alpha + self.beta)
 
     def d_opt(self, C: np.ndarray) -> np.ndarray:
         """Compute-optimal tokens for budget C."""
@@ -118,18 +124,35 @@ class ChinchillaFit(FitInfo):
 
 
 @dataclass(frozen=True, kw_only=True)
-class KaplanFit(FitInfo):
-    """L(N, D) = [(A/N)^(alpha/beta) + B/D]^beta + E."""
+class ChinchillaFit(NDFit):
+    """L(N, D) = E + A/N^alpha + B/D^beta."""
 
-    A: float
-    B: float
-    E: float
-    alpha: float
-    beta: float
+    def predict(self, N: np.ndarray, D: np.ndarray) -> np.ndarray:
+        return (
+            self.E
+            + self.A / np.asarray(N, float) ** self.alpha
+            + self.B / np.asarray(D, float) ** self.beta
+        )
+
+    def n_opt(self, C: np.ndarray) -> np.ndarray:
+        a, b = self.alpha, self.beta
+        G = (a * self.A / (b * self.B)) ** (1.0 / (a + b))
+        return G * (np.asarray(C, float) / 6.0) ** self.n_opt_exponent
+
+
+@dataclass(frozen=True, kw_only=True)
+class KaplanFit(NDFit):
+    """L(N, D) = [(A/N)^(alpha/beta) + B/D]^beta + E."""
 
     def predict(self, N: np.ndarray, D: np.ndarray) -> np.ndarray:
         N, D = np.asarray(N, float), np.asarray(D, float)
         return ((self.A / N) ** (self.alpha / self.beta) + self.B / D) ** self.beta + self.E
+
+    def n_opt(self, C: np.ndarray) -> np.ndarray:
+        # With D = C/(6N) the bracket (A/N)^(alpha/beta) + 6BN/C is smallest where
+        # N^((alpha+beta)/beta) = (alpha/beta) A^(alpha/beta) C / (6B).
+        r = self.alpha / self.beta
+        return (r * self.A**r * np.asarray(C, float) / (6.0 * self.B)) ** self.n_opt_exponent
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,10 +184,12 @@ def log_sum_exp(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return top + np.log(total), ez / total
 
 
+# Models map theta (P,) or (P, S, 1) for S starts at once onto the log-prediction and its
+# Jacobian (P, ...) for points x.
 def _chinchilla_model(theta: np.ndarray, x: tuple[np.ndarray, ...]):
     a, b, e, alpha, beta = theta
     log_n, log_d = x
-    z = np.stack([a - alpha * log_n, b - beta * log_d, np.full_like(log_n, e)])
+    z = np.stack(np.broadcast_arrays(a - alpha * log_n, b - beta * log_d, e))
     pred, w = log_sum_exp(z)
     return pred, np.stack([w[0], w[1], w[2], -w[0] * log_n, -w[1] * log_d])
 
@@ -172,7 +197,7 @@ def _chinchilla_model(theta: np.ndarray, x: tuple[np.ndarray, ...]):
 def _compute_model(theta: np.ndarray, x: tuple[np.ndarray, ...]):
     a, e, gamma = theta
     (log_c,) = x
-    z = np.stack([a - gamma * log_c, np.full_like(log_c, e)])
+    z = np.stack(np.broadcast_arrays(a - gamma * log_c, e))
     pred, w = log_sum_exp(z)
     return pred, np.stack([w[0], w[1], -w[0] * log_c])
 
@@ -180,8 +205,14 @@ def _compute_model(theta: np.ndarray, x: tuple[np.ndarray, ...]):
 def _kaplan_model(theta: np.ndarray, x: tuple[np.ndarray, ...]):
     a, b, e, alpha, beta = theta
     log_n, log_d = x
-    inner = log_sum_exp(np.stack([(alpha / beta) * (a - log_n), b - log_d]))[0]
-    return log_sum_exp(np.stack([beta * inner, np.full_like(log_n, e)]))[0], None
+    s = a - log_n
+    u = (alpha / beta) * s  # log of the N term inside the bracket
+    inner = np.logaddexp(u, b - log_d)
+    p = expit(u - (b - log_d))  # the N term's share of the bracket
+    z = beta * inner
+    w = expit(z - e)  # the bracket's share of the loss
+    jac = [w * alpha * p, w * beta * (1 - p), 1 - w, w * p * s, w * (inner - p * u)]
+    return np.logaddexp(z, e), np.stack(np.broadcast_arrays(*jac))
 
 
 def make_objective(
@@ -192,36 +223,55 @@ def make_objective(
     delta: float = DELTA,
     scale: float = SCALE,
 ):
-    """Scaled mean-Huber objective (and gradient when the model provides a Jacobian)."""
+    """Scaled mean-Huber objective and its gradient."""
 
     def objective(theta: np.ndarray):
         pred, jac = model(theta, x)
         r = pred - log_loss
         value = scale * float(np.mean(huber(r, delta)))
-        if jac is None:
-            return value
         return value, scale * (jac @ np.clip(r, -delta, delta)) / len(r)
 
     return objective
 
 
+def batch_values(
+    model: Model,
+    x: tuple[np.ndarray, ...],
+    log_loss: np.ndarray,
+    starts: np.ndarray,
+    *,
+    delta: float = DELTA,
+    scale: float = SCALE,
+    chunk: int = 256,
+) -> np.ndarray:
+    """The objective at every row of ``starts`` (S, P), in chunks that bound the memory."""
+    values = [
+        scale * np.mean(huber(model(block.T[:, :, None], x)[0] - log_loss, delta), axis=-1)
+        for block in np.array_split(starts, max(1, -(-len(starts) // chunk)))
+    ]
+    return np.concatenate(values)
+
+
 def minimize_multistart(
-    objective, starts: np.ndarray, bounds: list[tuple[float, float]], n_starts: int, has_grad: bool
+    objective,
+    starts: np.ndarray,
+    bounds: list[tuple[float, float]],
+    n_starts: int,
+    values: np.ndarray | None = None,
 ):
-    """Run L-BFGS-B from the ``n_starts`` grid points with the lowest objective; keep the best."""
-    values = np.array([_value(objective, s) for s in starts])
+    """Run L-BFGS-B from the ``n_starts`` grid points with the lowest objective; keep the best.
+
+    ``values``: the objective at each start when already known (e.g. from :func:`batch_values`).
+    """
+    if values is None:
+        values = np.array([objective(s)[0] for s in starts])
     order = np.argsort(np.where(np.isfinite(values), values, np.inf))[:n_starts]
     best = None
     for start in starts[order]:
-        res = minimize(objective, start, jac=has_grad, method="L-BFGS-B", bounds=bounds)
+        res = minimize(objective, start, jac=True, method="L-BFGS-B", bounds=bounds)
         if best is None or res.fun < best.fun:
             best = res
     return best, len(order)
-
-
-def _value(objective, theta: np.ndarray) -> float:
-    out = objective(theta)
-    return float(out[0] if isinstance(out, tuple) else out)
 
 
 _FORMS = {
@@ -299,13 +349,15 @@ def _fit(
     start: np.ndarray | None = None,
 ):
     model, names, bounds, grid = _FORMS[form]
-    objective = make_objective(
-        model, tuple(np.log(v) for v in x), np.log(loss), delta=delta, scale=scale
-    )
-    starts = np.array(list(itertools.product(*grid))) if start is None else np.atleast_2d(start)
-    has_grad = form != "kaplan"
-    res, used = minimize_multistart(objective, starts, bounds, n_starts, has_grad)
-    info = fit_info(res, _public(names), bounds, len(loss), used, has_grad)
+    log_x, log_loss = tuple(np.log(v) for v in x), np.log(loss)
+    objective = make_objective(model, log_x, log_loss, delta=delta, scale=scale)
+    if start is None:
+        starts = np.array(list(itertools.product(*grid)))
+        values = batch_values(model, log_x, log_loss, starts, delta=delta, scale=scale)
+    else:
+        starts, values = np.atleast_2d(start), None
+    res, used = minimize_multistart(objective, starts, bounds, n_starts, values)
+    info = fit_info(res, _public(names), bounds, len(loss), used)
     return _to_fit(form, res.x, info)
 
 
@@ -315,7 +367,6 @@ def fit_info(
     bounds: list[tuple[float, float]],
     n_points: int,
     n_starts: int,
-    has_grad: bool = True,
 ) -> dict:
     """FitInfo fields from a scipy result: diagnostics and which parameters sit at a bound."""
     at_bounds = tuple(
@@ -323,11 +374,10 @@ def fit_info(
         for name, value, (lo, hi) in zip(names, res.x, bounds, strict=True)
         if min(value - lo, hi - value) <= _BOUND_TOL * (hi - lo)
     )
-    grad = res.jac if has_grad else np.zeros(len(names))
     return dict(
         objective=float(res.fun),
         converged=bool(res.success),
-        grad_norm=float(np.linalg.norm(grad)),
+        grad_norm=float(np.linalg.norm(res.jac)),
         n_points=n_points,
         n_starts=n_starts,
         at_bounds=at_bounds,
@@ -369,10 +419,14 @@ def fit_kaplan(
     *,
     delta: float = DELTA,
     scale: float = SCALE,
-    n_starts: int = N_STARTS,
+    n_starts: int = KAPLAN_STARTS,
     start: np.ndarray | None = None,
 ) -> KaplanFit:
-    """Fit the Kaplan form L = [(A/N)^(alpha/beta) + B/D]^beta + E."""
+    """Fit the Kaplan form L = [(A/N)^(alpha/beta) + B/D]^beta + E.
+
+    Start grid: a, b in 10..30, e in -1..1, alpha, beta in 0.1..1 (2,000 points, scored in one
+    batched call); L-BFGS-B with the analytic gradient from the best ``n_starts``.
+    """
     N, D, L = (np.asarray(v, float) for v in (N, D, L))
     _check_inputs({"N": N, "D": D, "L": L})
     return _fit("kaplan", (N, D), L, delta=delta, scale=scale, n_starts=n_starts, start=start)
@@ -428,17 +482,21 @@ class Bootstrap:
     names: tuple[str, ...]
     level: float
 
-    def loss_ci(self, *inputs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """CI of the predicted loss (``loss_at(C)`` or ``predict(N, D)``) over the resamples."""
-        method = "loss_at" if len(inputs) == 1 else "predict"
-        preds = np.array(
+    def ci_of(self, quantity: Callable[[FitInfo], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """CI of any quantity of the fit (e.g. ``lambda f: f.n_opt(C)``) over the resamples."""
+        values = np.array(
             [
-                getattr(replace(self.fit, **dict(zip(self.names, s, strict=True))), method)(*inputs)
+                quantity(replace(self.fit, **dict(zip(self.names, s, strict=True))))
                 for s in self.samples
             ]
         )
         q = (1 - self.level) / 2
-        return np.nanquantile(preds, q, axis=0), np.nanquantile(preds, 1 - q, axis=0)
+        return np.nanquantile(values, q, axis=0), np.nanquantile(values, 1 - q, axis=0)
+
+    def loss_ci(self, *inputs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """CI of the predicted loss (``loss_at(C)`` or ``predict(N, D)``) over the resamples."""
+        method = "loss_at" if len(inputs) == 1 else "predict"
+        return self.ci_of(lambda fit: getattr(fit, method)(*inputs))
 
 
 def bootstrap(

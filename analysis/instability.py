@@ -31,6 +31,9 @@ class Thresholds:
     ma_slope: float = 0.008
     var_window: int = 100
     tau: float = 0.05
+    # Divergence counts only after the loss first fell below settle_frac x its initial value
+    # (None: from the start). Per-step curves wobble above their first value early on.
+    settle_frac: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("window", "merge_gap", "ma_window", "var_window"):
@@ -71,8 +74,9 @@ def ma_onset(loss, window: int = DEFAULT.ma_window, slope: float = DEFAULT.ma_sl
     return int(hits[0]) if len(hits) else None
 
 
-def divergence_index(loss) -> int | None:
-    """First index where the loss is NaN/Inf or above its first finite value."""
+def divergence_index(loss, settle_frac: float | None = None) -> int | None:
+    """First index where the loss is NaN/Inf or above its first finite value (with
+    ``settle_frac``: only after it first fell below settle_frac x that value)."""
     values = np.asarray(loss, float)
     finite = np.isfinite(values)
     if not finite.any():
@@ -80,6 +84,9 @@ def divergence_index(loss) -> int | None:
     initial = values[np.argmax(finite)]
     bad = ~finite | (values > initial)
     bad[: np.argmax(finite)] = False
+    if settle_frac is not None:
+        settled = np.flatnonzero(finite & (values < settle_frac * initial))
+        bad[: settled[0] if len(settled) else len(values)] = False
     hits = np.flatnonzero(bad)
     return int(hits[0]) if len(hits) else None
 
@@ -102,7 +109,7 @@ def curve_instability(
     t = thresholds
     loss_events = spike_events(loss, t.window, t.z, t.merge_gap)
     onset = ma_onset(loss, t.ma_window, t.ma_slope)
-    div = divergence_index(loss)
+    div = divergence_index(loss, t.settle_frac)
     out: dict[str, float | int | bool | None] = {
         "n_loss_spikes": len(loss_events),
         "first_spike_step": int(steps[loss_events[0][0]]) if loss_events else None,

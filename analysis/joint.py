@@ -102,7 +102,7 @@ def fit_joint(
         starts = np.array([[*s, *[0.0] * (k - 1)] for s in itertools.product(*_GRID)])
     else:
         starts = np.atleast_2d(start)
-    res, used = minimize_multistart(objective, starts, bounds, n_starts, has_grad=True)
+    res, used = minimize_multistart(objective, starts, bounds, n_starts)
     names = ["A", "B", "E", "alpha", "beta", *(f"f[{c}]" for c in configs[1:])]
     a, b, e, alpha, beta = res.x[:5]
     return JointFit(

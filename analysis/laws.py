@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -9,12 +10,14 @@ import pandas as pd
 
 from analysis.configs import config_order
 from analysis.fit import (
+    KAPLAN_STARTS,
     Bootstrap,
-    ChinchillaFit,
     ComputeFit,
+    NDFit,
     bootstrap,
     fit_chinchilla,
     fit_compute,
+    fit_kaplan,
 )
 
 N_BOOT = 100
@@ -40,7 +43,7 @@ class ConfigLaw:
     """A fitted law of one configuration: the fit, its bootstrap (if any) and its data."""
 
     config: str
-    fit: ChinchillaFit | ComputeFit | None
+    fit: NDFit | ComputeFit | None
     boot: Bootstrap | None
     data: pd.DataFrame
     reason: str = ""
@@ -91,13 +94,35 @@ def chinchilla_laws(
     n_starts: int = 100,
 ) -> list[ConfigLaw]:
     """L(N, D) per configuration on all its usable runs (needs >= 3 sizes and 3 budgets)."""
+    return _nd_laws(fit_chinchilla, runs, loss, n_boot, workers, n_starts)
+
+
+def kaplan_laws(
+    runs: pd.DataFrame,
+    loss: str = "min_val_loss",
+    n_boot: int = N_BOOT,
+    workers: int | None = None,
+    n_starts: int = KAPLAN_STARTS,
+) -> list[ConfigLaw]:
+    """The Kaplan form of L(N, D) per configuration, on the runs Chinchilla laws use."""
+    return _nd_laws(fit_kaplan, runs, loss, n_boot, workers, n_starts)
+
+
+def _nd_laws(
+    fitter: Callable[..., NDFit],
+    runs: pd.DataFrame,
+    loss: str,
+    n_boot: int,
+    workers: int | None,
+    n_starts: int,
+) -> list[ConfigLaw]:
     laws = []
     for config in config_order(set(runs["config"])):
         ok = usable(runs[runs["config"] == config], loss)
         if ok["n_params"].nunique() < 3 or ok["tokens"].nunique() < 3:
             laws.append(ConfigLaw(config, None, None, ok, "fewer than 3 sizes or token counts"))
             continue
-        fit = fit_chinchilla(ok["n_params"], ok["tokens"], ok[loss], n_starts=n_starts)
+        fit = fitter(ok["n_params"], ok["tokens"], ok[loss], n_starts=n_starts)
         x = (ok["n_params"].to_numpy(), ok["tokens"].to_numpy())
         boot = _boot_or_none(fit, x, ok[loss].to_numpy(), n_boot, workers)
         laws.append(ConfigLaw(config, boot.fit if boot else fit, boot, ok))

@@ -72,14 +72,27 @@ def _read_json(path: Path) -> dict:
 
 def _finish(frame: pd.DataFrame) -> pd.DataFrame:
     """Derive format/variant columns from the config name and order the columns."""
-    parsed = [parse_config(c) for c in frame["config"]]
-    frame["config"] = [p.name for p in parsed]
-    frame["w_fmt"] = [p.w_fmt for p in parsed]
-    frame["a_fmt"] = [p.a_fmt for p in parsed]
-    frame["variant"] = [p.variant for p in parsed]
+    spec_w = frame["w_fmt"] if "w_fmt" in frame else [None] * len(frame)
+    spec_a = frame["a_fmt"] if "a_fmt" in frame else [None] * len(frame)
+    parsed = [_config_columns(*row) for row in zip(frame["config"], spec_w, spec_a, strict=True)]
+    frame["config"], frame["w_fmt"], frame["a_fmt"], frame["variant"] = (
+        list(column) for column in zip(*parsed, strict=True)
+    )
     frame["ratio"] = frame["tokens"] / frame["n_params"]
     extra = [c for c in frame.columns if c not in RUN_COLUMNS]
     return frame[list(RUN_COLUMNS) + extra].reset_index(drop=True)
+
+
+def _config_columns(name: str, w_fmt: str | None, a_fmt: str | None) -> tuple[str, str, str, str]:
+    """(config, w_fmt, a_fmt, variant) of a paper-style name; a sweep's free-form name (e.g.
+    "mx_e4m3") is kept, with the formats of its run spec and an empty variant."""
+    try:
+        parsed = parse_config(name)
+    except ValueError:
+        if w_fmt is None or a_fmt is None:  # nothing to fall back on (the paper's table)
+            raise
+        return name, w_fmt, a_fmt, ""
+    return parsed.name, parsed.w_fmt, parsed.a_fmt, parsed.variant
 
 
 def load_paper_runs(path: Path | None = None) -> pd.DataFrame:
@@ -155,6 +168,10 @@ def _sweep_run_row(run_dir: Path) -> dict:
         "d_model": summary.get("d_model", model.get("d_model")),
         "n_layers": summary.get("n_layers", model.get("n_layers")),
         "seed": summary.get("seed", spec.get("seed", 0)),
+        "w_fmt": precision.get("w_fmt", "fp32"),
+        "a_fmt": precision.get("a_fmt", "fp32"),
+        "kind": model.get("kind", "lm"),
+        "parent": (spec.get("branch") or {}).get("parent"),
         "source": "sweep",
         "diverged_step": _float(summary.get("diverged_step")),
         "initial_loss": _float(summary.get("initial_loss")),

@@ -13,12 +13,24 @@ from analysis import figures
 from analysis import tables as tbl
 from analysis.index import write_index
 from analysis.instability import DEFAULT, Thresholds, classify_runs, frequency_table
+from analysis.interventions import describe, outcome_counts, outcome_table, plot_interventions
+from analysis.isoflop import IsoFlopFit, isoflop_fits
 from analysis.joint import fit_joint, leave_one_budget_out
-from analysis.laws import N_BOOT, ConfigLaw, chinchilla_laws, compute_laws
+from analysis.laws import N_BOOT, ConfigLaw, chinchilla_laws, compute_laws, kaplan_laws
 from analysis.load import load_metrics, load_paper_curves, load_paper_runs, load_sweep_runs
+from analysis.paired import paired_table, plot_paired
 
-PLOTS = ("scaling", "contours", "curves", "instability", "frontier")
-TABLES = ("fits", "instability", "mitigations")
+PLOTS = (
+    "scaling",
+    "contours",
+    "curves",
+    "instability",
+    "frontier",
+    "paired",
+    "interventions",
+    "isoflop",
+)
+TABLES = ("fits", "instability", "mitigations", "interventions", "paired", "isoflop")
 CURVE_NAMES = ("train/loss", "optim/grad_norm")
 # The paper's curves have 20-65 logged points, too few for the per-step defaults.
 PAPER_THRESHOLDS = Thresholds(window=10, ma_window=5)
@@ -36,6 +48,13 @@ class Source:
     curves: pd.DataFrame | None
     thresholds: Thresholds
     n_boot: int = N_BOOT
+    sweep_dir: Path | None = None
+
+    def sweep_folder(self, what: str) -> Path:
+        """The sweep folder, for what only a sweep has (paired runs, branches)."""
+        if self.sweep_dir is None:
+            raise ValueError(f"{what} needs a sweep folder; {self.label} has none")
+        return self.sweep_dir
 
     def classified(self) -> pd.DataFrame:
         # Paper curves carry the logger's run ids, which do not join onto the run table.
@@ -49,6 +68,14 @@ class Source:
     @cached_property
     def chinchilla_laws(self) -> list[ConfigLaw]:
         return chinchilla_laws(self.runs, n_boot=self.n_boot)
+
+    @cached_property
+    def kaplan_laws(self) -> list[ConfigLaw]:
+        return kaplan_laws(self.runs, n_boot=self.n_boot)
+
+    @cached_property
+    def isoflop_fits(self) -> dict[str, IsoFlopFit]:
+        return isoflop_fits(self.runs)
 
 
 def load_source(sweep_dir: Path | None, paper: bool) -> Source:
@@ -66,7 +93,7 @@ def load_source(sweep_dir: Path | None, paper: bool) -> Source:
     if len(metrics):
         metrics["run_id"] = metrics["run_id"].astype(str)
         curves = metrics.merge(runs[["run_id", "ratio", "config"]], on="run_id", how="inner")
-    return Source(f"sweep {sweep_dir}", runs, curves, DEFAULT)
+    return Source(f"sweep {sweep_dir}", runs, curves, DEFAULT, sweep_dir=Path(sweep_dir))
 
 
 def _expand(requested: Sequence[str], allowed: tuple[str, ...], kind: str) -> list[str]:
@@ -90,10 +117,28 @@ def _make_plot(name: str, src: Source, out_dir: Path) -> list[Path]:
         return figures.plot_curves(src.curves, out_dir)
     if name == "instability":
         return figures.plot_instability(frequency_table(src.classified()), out_dir)
+    if name == "isoflop":
+        return figures.plot_isoflop(src.isoflop_fits, out_dir)
+    if name == "paired":
+        return plot_paired(src.sweep_folder("plot 'paired'"), out_dir)
+    if name == "interventions":
+        sweep_dir = src.sweep_folder("plot 'interventions'")
+        return plot_interventions(sweep_dir, outcome_table(sweep_dir), out_dir)
     return figures.plot_frontier(src.runs, out_dir)
 
 
 def _make_table(name: str, src: Source, out_dir: Path) -> list[Path]:
+    if name == "paired":
+        table = paired_table(src.sweep_folder("table 'paired'"))
+        title = "Paired FP32/MX runs: final losses and which one got into trouble"
+        return tbl.write_table(table, out_dir, "paired", title)
+    if name == "interventions":
+        table = outcome_table(src.sweep_folder("table 'interventions'"))
+        title = "Intervention outcomes per arm (diverged / delayed / averted / stable)"
+        paths = tbl.write_table(table, out_dir, "interventions", title, describe(table))
+        return paths + tbl.write_table(
+            outcome_counts(table), out_dir, "interventions_counts", "Outcomes per arm"
+        )
     if name == "instability":
         classified = src.classified()
         note = (
@@ -118,10 +163,30 @@ def _make_table(name: str, src: Source, out_dir: Path) -> list[Path]:
             table, out_dir, "mitigations", "Validation-loss delta vs bf16_bf16, matched on N and D"
         )
     target = 10 * float(src.runs["budget"].max())
-    paths = []
-    for label, laws in (("chinchilla", src.chinchilla_laws), ("compute", src.compute_laws)):
-        title = f"{label} fits per configuration (95% bootstrap CI; target C = {target:.3g})"
-        paths += tbl.write_table(tbl.fits_table(laws, target), out_dir, f"fits_{label}", title)
+    if name == "isoflop":
+        table = tbl.isoflop_table(src.isoflop_fits, src.chinchilla_laws, target)
+        paths = tbl.write_table(
+            table,
+            out_dir,
+            "isoflop",
+            f"IsoFLOP a (N_opt ∝ C^a) vs Chinchilla beta/(alpha+beta); N_opt at C = {target:.3g}",
+            "Parabolas of min val loss vs log N per budget; a budget whose minimum lies outside "
+            "its sampled N range is left out (see isoflop_budgets). CIs: 95% bootstrap.",
+        )
+        return paths + tbl.write_table(
+            tbl.isoflop_budgets_table(src.isoflop_fits),
+            out_dir,
+            "isoflop_budgets",
+            "IsoFLOP parabola minimum per configuration and budget",
+        )
+    title = f"fits per configuration (95% bootstrap CI; target C = {target:.3g})"
+    nd_laws = {"chinchilla": src.chinchilla_laws, "kaplan": src.kaplan_laws}
+    paths = tbl.write_table(
+        tbl.forms_table(nd_laws, target), out_dir, "fits_chinchilla", f"L(N, D) {title}"
+    )
+    paths += tbl.write_table(
+        tbl.fits_table(src.compute_laws, target), out_dir, "fits_compute", f"L(C) {title}"
+    )
     joint, note = tbl.joint_table(fit_joint(src.runs))
     paths += tbl.write_table(
         joint,

@@ -12,6 +12,7 @@ import pandas as pd
 
 from analysis.configs import BASELINE, config_order
 from analysis.instability import frequency_table
+from analysis.isoflop import IsoFlopFit
 from analysis.joint import JointFit
 from analysis.laws import ConfigLaw
 
@@ -76,6 +77,56 @@ def fits_table(laws: list[ConfigLaw], target_flops: float) -> pd.DataFrame:
         )
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def forms_table(laws_by_form: dict[str, list[ConfigLaw]], target_flops: float) -> pd.DataFrame:
+    """:func:`fits_table` of several forms in one, a configuration's rows next to each other."""
+    frames = [
+        fits_table(laws, target_flops).assign(form=form) for form, laws in laws_by_form.items()
+    ]
+    table = pd.concat(frames, ignore_index=True)
+    rank = {config: i for i, config in enumerate(dict.fromkeys(table["config"]))}
+    table = table.sort_values("config", key=lambda c: c.map(rank), kind="stable")
+    return table[["config", "form", *(c for c in table.columns if c not in ("config", "form"))]]
+
+
+def isoflop_table(
+    fits: dict[str, IsoFlopFit], chinchilla: list[ConfigLaw], target_flops: float
+) -> pd.DataFrame:
+    """Per configuration: the IsoFLOP exponent a (N_opt ∝ C^a) with its CI next to the one the
+    Chinchilla fit implies, beta/(alpha+beta), and both N_opt at a target compute."""
+    laws = {law.config: law for law in chinchilla}
+    rows = []
+    for config, iso in fits.items():
+        row: dict[str, object] = {
+            "config": config,
+            "budgets_used": f"{iso.n_used}/{len(iso.budgets)}",
+            "a_isoflop": _with_ci(iso.a, iso.ci),
+            "k": iso.k,
+            "n_opt_isoflop": iso.n_opt(target_flops),
+        }
+        flags = [iso.flags] if iso.flags else []
+        law = laws.get(config)
+        if law is not None and law.fit is not None:
+            ci = None
+            if law.boot is not None:
+                lo, hi = law.boot.ci_of(lambda fit: fit.n_opt_exponent)
+                ci = (float(lo), float(hi))
+            row["a_chinchilla"] = _with_ci(law.fit.n_opt_exponent, ci)
+            row["n_opt_chinchilla"] = float(law.fit.n_opt(target_flops))
+            if not law.drawable:
+                flags.append(f"chinchilla: {law.fit.flags()}")
+        row["trustworthy"] = iso.trustworthy
+        row["flags"] = "; ".join(flags)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def isoflop_budgets_table(fits: dict[str, IsoFlopFit]) -> pd.DataFrame:
+    """Every configuration x budget parabola: sampled N range, minimum and why it was left out."""
+    cols = ["budget", "n_sizes", "n_lo", "n_hi", "n_opt", "d_opt", "loss_opt", "used", "flag"]
+    frames = [fit.budgets[cols].assign(config=config) for config, fit in fits.items()]
+    return pd.concat(frames, ignore_index=True)[["config", *cols]]
 
 
 def instability_table(

@@ -19,6 +19,8 @@ import torch
 from torch import nn
 
 import mx
+from models.config import ProxyConfig
+from models.proxy import Student
 from mx import fast
 
 E4M3_MAX, E4M3_EMAX, E4M3_EMIN, E4M3_MBITS = 448.0, 8, -6, 3
@@ -83,31 +85,10 @@ def bench_quantizer(n: int = 4096) -> None:
     print(f"  fast bit-identical to eager: {same}; naive agrees on {agree:.6f} of elements")
 
 
-class Proxy(nn.Module):
-    """The paper's proxy student: x <- x + W2 gelu(W1 LN(x)), depth blocks."""
-
-    def __init__(self, width: int = 512, depth: int = 4) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(
-            nn.Sequential(
-                nn.LayerNorm(width),
-                nn.Linear(width, 4 * width, bias=False),
-                nn.GELU(),
-                nn.Linear(4 * width, width),
-            )
-            for _ in range(depth)
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            x = x + block(x)
-        return x
-
-
 def make_step(spec: mx.PrecisionSpec | None, batch: int) -> Callable[[], None]:
     """One full Adam step of a fresh proxy, optionally under ``spec``."""
     torch.manual_seed(0)
-    model = Proxy()
+    model = Student(ProxyConfig(depth=4, width=512))
     if spec is not None:
         mx.apply(model, spec)
     opt = torch.optim.Adam(model.parameters(), lr=6e-4)

@@ -21,12 +21,26 @@ def checkpoint_steps(ckpt_dir: Path) -> list[int]:
     return sorted(int(m.group(1)) for p in ckpt_dir.iterdir() if (m := _NAME.fullmatch(p.name)))
 
 
-def save_checkpoint(ckpt_dir: Path, step: int, state: dict[str, Any], keep: int = 2) -> Path:
-    """Write ``state`` as the checkpoint of ``step``, then prune all but the newest ``keep``."""
-    path = atomic_write(ckpt_dir / f"step-{step:09d}.pt", lambda tmp: torch.save(state, tmp))
+def checkpoint_path(ckpt_dir: Path, step: int) -> Path:
+    """Where the checkpoint of ``step`` lives."""
+    return ckpt_dir / f"step-{step:09d}.pt"
+
+
+def save_checkpoint(
+    ckpt_dir: Path, step: int, state: dict[str, Any], keep: int = 2, keep_every: int | None = None
+) -> Path:
+    """Write ``state`` as the checkpoint of ``step``, then prune all but the newest ``keep``
+    and those at multiples of ``keep_every`` (kept as branch points)."""
+    path = atomic_write(checkpoint_path(ckpt_dir, step), lambda tmp: torch.save(state, tmp))
     for old in checkpoint_steps(ckpt_dir)[:-keep]:
-        (ckpt_dir / f"step-{old:09d}.pt").unlink(missing_ok=True)
+        if not (keep_every and old % keep_every == 0):
+            checkpoint_path(ckpt_dir, old).unlink(missing_ok=True)
     return path
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """One checkpoint file's state (CPU tensors)."""
+    return torch.load(path, map_location="cpu", weights_only=False)
 
 
 def load_latest(ckpt_dir: Path) -> dict[str, Any] | None:
@@ -36,9 +50,9 @@ def load_latest(ckpt_dir: Path) -> dict[str, Any] | None:
     warning rather than ending the run, and the next older checkpoint is used.
     """
     for step in reversed(checkpoint_steps(ckpt_dir)):
-        path = ckpt_dir / f"step-{step:09d}.pt"
+        path = checkpoint_path(ckpt_dir, step)
         try:
-            return torch.load(path, map_location="cpu", weights_only=False)
+            return load_checkpoint(path)
         except Exception as err:  # any unreadable file is treated alike
             warnings.warn(f"skipping unreadable checkpoint {path}: {err}", stacklevel=2)
     return None

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
-from models.flops import lm_param_count
+from models.flops import lm_param_count, proxy_param_count
 from mx.spec import PrecisionSpec
 
 
@@ -50,6 +50,10 @@ class LMConfig(_Frozen):
     def n_heads(self) -> int:
         return self.d_model // self.head_dim
 
+    @property
+    def tokens_per_sample(self) -> int:
+        return self.seq_len
+
     def param_count(self) -> int:
         return lm_param_count(
             self.d_model,
@@ -59,6 +63,65 @@ class LMConfig(_Frozen):
             tie_embeddings=self.tie_embeddings,
             swiglu=self.mlp == "swiglu",
         )
+
+
+class ProxyConfig(_Frozen):
+    """The paper's student-teacher proxy: a residual MLP student fits a frozen teacher.
+
+    Student: ``depth`` blocks x <- x + fc2(act(fc1(LN(x)))), LN with affine weight and bias,
+    fc1 d->ratio·d without bias, fc2 back to d with bias, no final LN. Teacher: the same
+    depth of Linear->act->Linear without residual or LN, frozen, its default init scaled by
+    ``teacher_init_scale`` (under default init its output variance is ~2e-4 at width 512,
+    depth 4: the student mostly learns to cancel its identity path). Inputs are
+    N(0, I_d); targets are teacher(x) plus ``noise_std`` Gaussian noise; the loss is MSE.
+    ``paired`` also trains an FP32 twin from the same initial weights on the same batches,
+    logging both losses and the gradient bias between the two.
+    """
+
+    kind: Literal["proxy"] = "proxy"
+    depth: int = Field(default=4, gt=0)
+    width: int = Field(default=512, gt=0)
+    mlp_ratio: int = Field(default=4, gt=0)
+    activation: Literal["gelu", "relu", "swiglu", "linear"] = "gelu"
+    layernorm: bool = True
+    teacher_init_scale: float = Field(default=1.0, gt=0)
+    teacher_seed: int | None = None
+    noise_std: float = Field(default=1e-3, ge=0)
+    paired: bool = False
+
+    @property
+    def d_model(self) -> int:
+        return self.width
+
+    @property
+    def n_layers(self) -> int:
+        return self.depth
+
+    @property
+    def tokens_per_sample(self) -> int:
+        return 1
+
+    def param_count(self) -> int:
+        return proxy_param_count(
+            self.width,
+            self.depth,
+            mlp_ratio=self.mlp_ratio,
+            swiglu=self.activation == "swiglu",
+            layernorm=self.layernorm,
+        )
+
+
+def _model_kind(value: Any) -> str:
+    # Grids written before the proxy existed have no ``kind``: they mean the LM.
+    if isinstance(value, dict):
+        return value.get("kind", "lm")
+    return getattr(value, "kind", "lm")
+
+
+ModelConfig = Annotated[
+    Annotated[LMConfig, Tag("lm")] | Annotated[ProxyConfig, Tag("proxy")],
+    Discriminator(_model_kind),
+]
 
 
 class SyntheticData(_Frozen):
@@ -97,6 +160,7 @@ class TrainConfig(_Frozen):
     """Optimiser, schedule and logging (the paper's defaults)."""
 
     steps: int = Field(gt=0)
+    schedule: Literal["cosine", "constant"] = "cosine"
     batch_size: int = Field(default=512, gt=0)
     micro_batch_size: int | None = Field(default=None, gt=0)
     lr: float = Field(default=2e-4, gt=0)
@@ -113,6 +177,8 @@ class TrainConfig(_Frozen):
     eval_every: int | None = Field(default=None, gt=0)
     eval_batches: int = Field(default=4, gt=0)
     checkpoint_every: int | None = Field(default=None, gt=0)
+    # Checkpoints at multiples of this step count are kept for branching (interventions).
+    keep_checkpoints_every: int | None = Field(default=None, gt=0)
     divergence_window: int = Field(default=50, gt=0)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int | None = Field(default=None, gt=0)
@@ -127,19 +193,69 @@ class TrainConfig(_Frozen):
 
 
 class Resources(_Frozen):
-    """What one run asks the scheduler for; not part of the run id."""
+    """What one run asks the scheduler for; not part of the run id.
+
+    A run spans ``nodes`` x ``tasks_per_node`` processes (ranks) that split each global
+    batch, so the layout changes speed and memory, never the loss trajectory. ``gpus`` and
+    ``mem_gb`` are per node, ``cpus`` per rank; ``tasks_per_node`` defaults to one rank per
+    GPU. ``strategy`` picks DDP (replicated weights) or FSDP (fully sharded); ``auto`` shards
+    models too large to replicate comfortably (see models.distributed).
+    """
 
     cpus: int = Field(default=1, gt=0)
     gpus: int = Field(default=0, ge=0)
     nodes: int = Field(default=1, gt=0)
+    tasks_per_node: int | None = Field(default=None, gt=0)
+    strategy: Literal["auto", "ddp", "fsdp"] = "auto"
     time_min: int = Field(default=60, gt=0)
     mem_gb: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _one_rank_per_gpu(self) -> Resources:
+        if self.tasks_per_node is None:
+            object.__setattr__(self, "tasks_per_node", max(1, self.gpus))
+        if self.gpus and self.gpus != self.tasks_per_node:
+            raise ValueError(
+                f"gpus={self.gpus} per node needs tasks_per_node={self.gpus} (one process per "
+                f"GPU), got tasks_per_node={self.tasks_per_node}"
+            )
+        return self
+
+    @property
+    def world_size(self) -> int:
+        """Processes the run trains on: nodes x tasks_per_node."""
+        return self.nodes * self.tasks_per_node
+
+
+class Branch(_Frozen):
+    """Where a branched run starts: the parent run's state after ``step`` updates, continued
+    under the precision intervention ``arm`` (see mx.arms). The parent lives in the same
+    sweep folder."""
+
+    parent: str = Field(min_length=1)
+    step: int = Field(gt=0)
+    arm: str = Field(min_length=1)
+
+
+# Fields added after run ids were first handed out: omitted from the hash while they hold
+# their default, so earlier specs keep their ids.
+_HASH_OMIT_IF_DEFAULT = {("train", "schedule"): "cosine", ("branch",): None}
+# Fields that cannot change a run's result.
+_HASH_NEVER = (("train", "keep_checkpoints_every"),)
+
+
+def _pop_path(payload: dict, path: tuple[str, ...], only_if: Any = ...) -> None:
+    *parents, last = path
+    for key in parents:
+        payload = payload.get(key, {})
+    if last in payload and (only_if is ... or payload[last] == only_if):
+        del payload[last]
 
 
 class RunSpec(_Frozen):
     """One fully resolved grid point."""
 
-    model: LMConfig
+    model: ModelConfig
     data: DataConfig = Field(default_factory=SyntheticData)
     train: TrainConfig
     precision: PrecisionSpec = Field(default_factory=PrecisionSpec)
@@ -147,14 +263,57 @@ class RunSpec(_Frozen):
     budget: float | None = Field(default=None, gt=0)
     resources: Resources = Field(default_factory=Resources)
     tags: dict[str, str] = Field(default_factory=dict)
+    branch: Branch | None = None
+
+    @model_validator(mode="after")
+    def _proxy_owns_its_data(self) -> RunSpec:
+        if self.model.kind == "proxy" and self.data != SyntheticData():
+            raise ValueError(
+                "proxy runs generate their own data (Gaussian inputs, teacher targets): "
+                "remove the data section"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _splits_across_ranks(self) -> RunSpec:
+        world = self.resources.world_size
+        if world == 1:
+            return self
+        if isinstance(self.model, ProxyConfig) and self.model.paired:
+            raise ValueError(
+                f"a paired proxy run trains in one process; it asks for {world} "
+                "(set resources.nodes and resources.tasks_per_node to 1)"
+            )
+        if self.branch is not None:
+            raise ValueError(
+                f"a branched run trains in one process; it asks for {world} "
+                "(set resources.nodes and resources.tasks_per_node to 1)"
+            )
+        batch, micro = self.train.batch_size, self.train.micro_batch_size
+        if batch % world:
+            raise ValueError(
+                f"train.batch_size={batch} must split evenly across the run's {world} "
+                "processes (resources.nodes x resources.tasks_per_node)"
+            )
+        if micro and micro < batch // world and (batch // world) % micro:
+            raise ValueError(
+                f"train.micro_batch_size={micro} must divide the per-process batch "
+                f"{batch // world} (batch_size={batch} over {world} processes)"
+            )
+        return self
 
     @property
     def tokens_per_step(self) -> int:
-        return self.train.batch_size * self.model.seq_len
+        """Training samples per step times tokens per sample (1 for the proxy)."""
+        return self.train.batch_size * self.model.tokens_per_sample
 
     def hashed_json(self) -> str:
         """Canonical JSON of everything that determines the result (resources excluded)."""
         payload = self.model_dump(mode="json", exclude={"resources"})
+        for path, default in _HASH_OMIT_IF_DEFAULT.items():
+            _pop_path(payload, path, default)
+        for path in _HASH_NEVER:
+            _pop_path(payload, path)
         return json.dumps(payload, sort_keys=True, separators=(",", ":"))
 
     @property

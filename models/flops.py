@@ -27,6 +27,17 @@ def lm_param_count(
     return n_layers * per_layer + embeddings + d_model
 
 
+def proxy_param_count(
+    width: int, depth: int, *, mlp_ratio: int = 4, swiglu: bool = False, layernorm: bool = True
+) -> int:
+    """Trainable parameters of the proxy student: per block fc1 (no bias, doubled for SwiGLU's
+    gate), fc2 with bias and, with LayerNorm, its affine weight and bias."""
+    hidden = mlp_ratio * width
+    fc1 = (2 if swiglu else 1) * width * hidden
+    per_block = fc1 + hidden * width + width + (2 * width if layernorm else 0)
+    return depth * per_block
+
+
 def lm_attention_flops_per_token(d_model: int, n_layers: int, seq_len: int) -> float:
     """Forward+backward FLOPs per token of QK^T and AV (causal mask not discounted)."""
     return 6.0 * 2.0 * n_layers * seq_len * d_model

@@ -22,11 +22,24 @@ import torch
 from torch import nn
 
 from models.checkpoint import load_latest, save_checkpoint
-from models.config import RunSpec, TrainConfig
-from models.data import DataSource, build_data
+from models.config import LMConfig, ProxyConfig, RunSpec, TrainConfig
+from models.data import build_data
+from models.distributed import (
+    World,
+    cuda_device,
+    current_world,
+    full,
+    full_state,
+    is_sharded,
+    load_full_state,
+    local_gradients,
+    parallelize,
+    resolve_strategy,
+)
 from models.flops import lm_attention_flops_per_token, training_flops
 from models.metrics import MetricsWriter, drop_parts_from
 from models.transformer import TransformerLM, count_params
+from mx.spec import MX_FORMATS
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
 
@@ -47,11 +60,14 @@ class Preempted(Exception):  # noqa: N818 - the name is the runner's contract
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
     """Learning rate of 0-based update ``step``: linear warmup from warmup_init_frac·lr over
-    warmup_frac·steps, then cosine decay to final_lr_frac·lr at the last step."""
+    warmup_frac·steps, then cosine decay to final_lr_frac·lr at the last step (or constant
+    with ``schedule: constant``)."""
     warmup = round(cfg.warmup_frac * cfg.steps)
     if step < warmup:
         frac = cfg.warmup_init_frac + (1 - cfg.warmup_init_frac) * step / warmup
         return cfg.lr * frac
+    if cfg.schedule == "constant":
+        return cfg.lr
     progress = (step - warmup) / max(1, cfg.steps - 1 - warmup)
     cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
     return cfg.lr * (cfg.final_lr_frac + (1 - cfg.final_lr_frac) * cosine)
@@ -80,7 +96,8 @@ class Tracker:
 
 
 class _StopSignals:
-    """Turns SIGTERM/SIGUSR2 into a flag the loop checks between steps."""
+    """Turns SIGTERM/SIGUSR2 into a flag the loop checks between steps (the ranks of a
+    multi-process run agree on it, so they all stop after the same step)."""
 
     def __init__(self) -> None:
         self.received: int | None = None
@@ -96,19 +113,155 @@ class _StopSignals:
     def _handle(self, signum: int, frame: object) -> None:
         self.received = signum
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type | None, *exc: object) -> None:
         # After a stop request the process is on its way out; SLURM signals the step and
-        # the array task forwards the signal too, and that second copy must not kill it.
+        # the array task forwards the signal too, and that second copy must not kill it
+        # (nor a copy that reaches a rank which learnt of the stop from another rank).
+        stopping = self.received is not None or exc_type is Preempted
         for sig, handler in self._previous.items():
-            signal.signal(sig, signal.SIG_IGN if self.received is not None else handler)
+            signal.signal(sig, signal.SIG_IGN if stopping else handler)
 
 
-def _device(name: str) -> torch.device:
+def _device(name: str, world: World) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
         raise ValueError("train.device='cuda' but no CUDA device is available")
+    if name == "cuda" and world.size > 1:
+        return cuda_device(world)
     return torch.device(name)
+
+
+Batch = torch.Tensor | tuple[torch.Tensor, ...]
+
+
+def _to_device(batch: Any, device: torch.device) -> Batch:
+    """A data source's batch (numpy tokens, a tensor or a tuple of tensors) on ``device``."""
+    if isinstance(batch, tuple):
+        return tuple(_to_device(part, device) for part in batch)
+    if not isinstance(batch, torch.Tensor):
+        batch = torch.from_numpy(batch)
+    return batch.to(device)
+
+
+def _split(batch: Batch, size: int) -> list[Batch]:
+    """Micro-batches of ``size`` samples along dim 0 (a tuple splits part by part)."""
+    if isinstance(batch, tuple):
+        return list(zip(*(part.split(size) for part in batch), strict=True))
+    return list(batch.split(size))
+
+
+def build_workload(spec: RunSpec, device: torch.device) -> tuple[nn.Module, Any]:
+    """The network (seeded by ``spec.seed``, unquantized) and the data source of a run."""
+    torch.manual_seed(spec.seed)
+    if isinstance(spec.model, ProxyConfig):
+        from models.proxy import Student, TeacherData
+
+        data = TeacherData(
+            spec.model,
+            batch_size=spec.train.batch_size,
+            eval_batches=spec.train.eval_batches,
+            seed=spec.seed,
+            device=device,
+        )
+        torch.manual_seed(spec.seed)
+        return Student(spec.model), data
+    return TransformerLM(spec.model), build_data(spec)
+
+
+class Replica:
+    """One network and its optimizer: forward/backward over micro-batches, then an update.
+
+    Across several ranks each one holds a DDP replica or an FSDP shard of the network and
+    passes its own slice of every batch; gradients and losses are averaged over the ranks.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        cfg: TrainConfig,
+        device: torch.device,
+        world: World | None = None,
+        strategy: str = "ddp",
+    ) -> None:
+        self.model, self.cfg, self.device = model.to(device), cfg, device
+        self.world = world or World()
+        self.net = parallelize(self.model, self.world, strategy, device)
+        # Built after sharding: FSDP replaces the parameters by their shards.
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=cfg.lr,
+            betas=(cfg.beta1, cfg.beta2),
+            eps=cfg.eps,
+            weight_decay=cfg.weight_decay,
+            foreach=True,
+        )
+        self.micro = cfg.micro_batch_size or cfg.batch_size
+        self.autocast = (
+            torch.autocast("cuda", dtype=torch.bfloat16)
+            if device.type == "cuda"
+            else contextlib.nullcontext()
+        )
+
+    def forward_backward(self, batch: Batch) -> torch.Tensor:
+        """Accumulate the gradient of the mean loss over ``batch`` (this rank's slice; the
+        gradient is averaged over ranks); return this rank's loss."""
+        chunks = _split(batch, self.micro)
+        total = torch.zeros((), device=self.device)
+        for index, chunk in enumerate(chunks):
+            last = index == len(chunks) - 1
+            with contextlib.nullcontext() if last else local_gradients(self.net):
+                with self.autocast:
+                    loss = self.net(chunk) / len(chunks)
+                loss.backward()
+            total += loss.detach()
+        return total
+
+    def update(self, lr: float) -> torch.Tensor:
+        """Clip, step and zero the gradients; return the pre-clip gradient norm."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
+        total_norm = full(nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return total_norm
+
+    @torch.no_grad()
+    def mean_loss(self, batches: list[Any]) -> float:
+        """Mean loss over fixed (global) batches in eval mode, averaged over the ranks."""
+        self.net.eval()
+        losses = []
+        for batch in batches:
+            for chunk in _split(_to_device(self.world.shard(batch), self.device), self.micro):
+                with self.autocast:
+                    losses.append(self.net(chunk).float())
+        self.net.train()
+        return self.world.mean(torch.stack(losses).mean()).item()
+
+    def state(self) -> dict[str, Any]:
+        """Model and optimizer state in the single-process layout (a sharded network is
+        gathered into rank 0: every rank must call this)."""
+        if is_sharded(self.net):
+            return full_state(self.model, self.optimizer)
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        if is_sharded(self.net):
+            load_full_state(self.model, self.optimizer, state)
+            return
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+
+class _RankMetrics(MetricsWriter):
+    """Ranks other than 0 compute every metric (that takes collectives) but write none."""
+
+    def log(self, step: int, tokens: int, flops: float, values: dict[str, float]) -> None:
+        pass
+
+    def flush(self) -> None:
+        return None
 
 
 class Trainer:
@@ -119,142 +272,154 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.ckpt_dir, self.metrics_dir = self.run_dir / "checkpoints", self.run_dir / "metrics"
         torch.set_num_threads(self.cfg.threads or 1)
-        self.device = _device(self.cfg.device)
-        self.data: DataSource = build_data(spec)
-        torch.manual_seed(spec.seed)
-        self.model = TransformerLM(spec.model)
-        self.ln_modules = [n for n, m in self.model.named_modules() if isinstance(m, nn.LayerNorm)]
+        self.world = current_world()
+        self.device = _device(self.cfg.device, self.world)
+        model, self.data = build_workload(spec, self.device)
+        self.ln_modules = [n for n, m in model.named_modules() if isinstance(m, nn.LayerNorm)]
         self.mx = None
-        if not spec.precision.is_noop:
-            import mx
-            from mx.fast import keep_freed_memory
-
-            # Quantizer temporaries are large and short-lived: reusing freed memory avoids
-            # a page fault per 4 KiB on every call (see mx.fast).
-            keep_freed_memory()
-            mx.apply(self.model, spec.precision)
-            self.mx = mx
-        self.model.to(self.device)
+        strategy = resolve_strategy(spec.resources.strategy, count_params(model))
+        self.main = Replica(self._quantized(model), self.cfg, self.device, self.world, strategy)
+        self.model = self.main.model
         self.n_params = count_params(self.model)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=self.cfg.lr,
-            betas=(self.cfg.beta1, self.cfg.beta2),
-            eps=self.cfg.eps,
-            weight_decay=self.cfg.weight_decay,
-            foreach=True,
-        )
-        self.micro = self.cfg.micro_batch_size or self.cfg.batch_size
         self.eval_every = self.cfg.eval_every or max(1, self.cfg.steps // 10)
         self.ckpt_every = self.cfg.checkpoint_every or self.eval_every
-        self.autocast = (
-            torch.autocast("cuda", dtype=torch.bfloat16)
-            if self.device.type == "cuda"
-            else contextlib.nullcontext()
-        )
         self.step, self.tracker = 0, Tracker()
-        self.writer = MetricsWriter(self.metrics_dir, spec.run_id)
-        self._resume()
+        writer = MetricsWriter if self.world.is_main else _RankMetrics
+        self.writer = writer(self.metrics_dir, spec.run_id)
 
-    def _resume(self) -> None:
+    def _quantized(self, model: nn.Module) -> nn.Module:
+        """``model`` with the run's precision applied in place (unchanged for pure fp32)."""
+        if self.spec.precision.is_noop:
+            return model
+        import mx
+        from mx.fast import keep_freed_memory
+
+        # Quantizer temporaries are large and short-lived: reusing freed memory avoids a
+        # page fault per 4 KiB on every call (see mx.fast).
+        keep_freed_memory()
+        self.mx = mx
+        return mx.apply(model, self.spec.precision)
+
+    def resume(self) -> Trainer:
+        """Load the newest own checkpoint, or a branch's start state; drop uncounted parts."""
         state = load_latest(self.ckpt_dir)
+        if state is None and self.spec.branch is not None:
+            from models.branch import branch_start_state
+
+            state = branch_start_state(self.spec.branch, self.run_dir.parent)
         if state is not None:
-            self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-            torch.set_rng_state(state["rng"])
-            self.step, self.tracker = state["step"], Tracker(**state["tracker"])
-            self.writer.next_part = state["n_parts"]
-        drop_parts_from(self.metrics_dir, self.writer.next_part)
+            self.load_state(state)
+        if self.world.is_main:
+            drop_parts_from(self.metrics_dir, self.writer.next_part)
+        return self
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore everything ``state_dict`` saved."""
+        self.main.load_state(state)
+        torch.set_rng_state(state["rng"])
+        self.step, self.tracker = state["step"], Tracker(**state["tracker"])
+        self.writer.next_part = state["n_parts"]
+
+    def state_dict(self, attempt_start: float) -> dict[str, Any]:
+        """The whole training position: weights, optimizer, RNG, step, tracker, parts."""
+        tracker = asdict(self.tracker)
+        tracker["wall_time_s"] += time.time() - attempt_start
+        return {
+            "step": self.step,
+            **self.main.state(),
+            "rng": torch.get_rng_state(),
+            "tracker": tracker,
+            "n_parts": self.writer.next_part,
+        }
 
     def _checkpoint(self, attempt_start: float) -> None:
         self.writer.flush()
-        tracker = asdict(self.tracker)
-        tracker["wall_time_s"] += time.time() - attempt_start
-        save_checkpoint(
-            self.ckpt_dir,
-            self.step,
-            {
-                "step": self.step,
-                "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "rng": torch.get_rng_state(),
-                "tracker": tracker,
-                "n_parts": self.writer.next_part,
-            },
-        )
+        # Every rank builds the state (gathering shards is collective); rank 0 writes it.
+        state = self.state_dict(attempt_start)
+        if self.world.is_main:
+            save_checkpoint(
+                self.ckpt_dir, self.step, state, keep_every=self.cfg.keep_checkpoints_every
+            )
 
-    def _forward_backward(self, batch: torch.Tensor) -> torch.Tensor:
-        chunks = batch.split(self.micro)
-        total = torch.zeros((), device=self.device)
-        for chunk in chunks:
-            with self.autocast:
-                loss = self.model.loss(chunk) / len(chunks)
-            loss.backward()
-            total += loss.detach()
-        return total
-
-    @torch.no_grad()
     def val_loss(self) -> float:
         """Mean loss over the fixed validation batches."""
-        self.model.eval()
-        losses = []
-        for batch in self.data.val_batches():
-            for chunk in torch.from_numpy(batch).to(self.device).split(self.micro):
-                with self.autocast:
-                    losses.append(self.model.loss(chunk).float())
-        self.model.train()
-        return torch.stack(losses).mean().item()
+        return self.main.mean_loss(self.data.val_batches())
 
     def _stats(self, grad_norms: list[float]) -> dict[str, float]:
         params = [(n, p) for n, p in self.model.named_parameters()]
         values = {f"grad_norm/{n}": g for (n, _), g in zip(params, grad_norms, strict=True)}
-        param_norms = torch.stack([p.detach().norm() for _, p in params]).tolist()
+        param_norms = torch.stack([full(p.detach().norm()) for _, p in params]).tolist()
         values.update({f"param_norm/{n}": v for (n, _), v in zip(params, param_norms, strict=True)})
         for name in self.ln_modules:
-            weight = self.model.get_submodule(name).weight.detach().float()
-            values[f"ln/{name}/weight_mean"] = weight.mean().item()
-            values[f"ln/{name}/weight_std"] = weight.std().item()
-            values[f"ln/{name}/weight_max"] = weight.max().item()
+            values.update(self._ln_stats(name, self.model.get_submodule(name)))
         return values
 
-    def train_step(self, stats: bool) -> tuple[torch.Tensor, dict[str, float]]:
+    def _ln_stats(self, name: str, ln: nn.LayerNorm) -> dict[str, float]:
+        """Affine weight/bias statistics, and the weight's clip rate as if it sat in MX
+        blocks of the weight format (the paper's diagnostic, whatever ``ln`` says)."""
+        values: dict[str, float] = {}
+        for role in ("weight", "bias"):
+            param = getattr(ln, role)
+            if param is None:
+                continue
+            param = full(param.detach()).float()
+            values[f"ln/{name}/{role}_mean"] = param.mean().item()
+            values[f"ln/{name}/{role}_std"] = param.std().item()
+            values[f"ln/{name}/{role}_max"] = param.max().item()
+        w_fmt = self.spec.precision.w_fmt
+        if self.mx is not None and ln.weight is not None and w_fmt in MX_FORMATS:
+            spec = self.spec.precision
+            values[f"ln/{name}/weight_clip"] = self.mx.clip_rate(
+                full(ln.weight.detach()),
+                w_fmt,
+                block_size=spec.block_size,
+                scale_rule=spec.scale_rule,
+            )
+        return values
+
+    def train_step(self, stats: bool, log: bool = False) -> tuple[torch.Tensor, dict[str, float]]:
         """One optimizer update on the batch of the current step (the caller advances
-        ``self.step``); returns the loss tensor and, on stats steps, the stats values."""
-        batch = torch.from_numpy(self.data.train_batch(self.step)).to(self.device)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr_at(self.step, self.cfg)
+        ``self.step``); returns the loss tensor and, on stats steps, the stats values.
+        ``log`` says the loss will be logged (subclasses add per-log-step metrics)."""
+        batch = _to_device(self.world.shard(self.data.train_batch(self.step)), self.device)
         if stats and self.mx is not None:
             self.mx.set_clip_tracking(self.model, True)
-        loss = self._forward_backward(batch)
+        loss = self.main.forward_backward(batch)
         values: dict[str, float] = {}
         if stats:
             if self.mx is not None:
                 # clip_rates must be read before tracking is switched off (that clears them).
-                values = {f"mx/clip/{k}": v for k, v in self.mx.clip_rates(self.model).items()}
+                rates = {f"mx/clip/{k}": v for k, v in self.mx.clip_rates(self.model).items()}
+                values = self.world.mean_values(rates)
                 self.mx.set_clip_tracking(self.model, False)
             grads = [p.grad for p in self.model.parameters()]
-            grad_norms = torch.stack([g.norm() for g in grads]).tolist()
-        max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
-        total_norm = nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+            grad_norms = torch.stack([full(g.norm()) for g in grads]).tolist()
+        values.update(self._before_update(batch, log))
+        total_norm = self.main.update(lr_at(self.step, self.cfg))
         if stats:
             values.update({"optim/grad_norm": total_norm.item(), **self._stats(grad_norms)})
         return loss, values
 
-    def run(self) -> dict:
-        """Train from the current step to the end (or divergence); return the summary."""
+    def _before_update(self, batch: Batch, log: bool) -> dict[str, float]:
+        """Hook between the backward pass and the update (paired training uses it)."""
+        return {}
+
+    def run(self, until: int | None = None) -> dict:
+        """Train from the current step to the end (or divergence, or update ``until``, where
+        a checkpoint is written); return the summary."""
         cfg, start = self.cfg, time.time()
+        last = min(cfg.steps, until or cfg.steps)
         tokens_per_step = self.spec.tokens_per_step
         perf_mark = (start, self.step)
         with _StopSignals() as stop:
-            while not self.tracker.finished and self.step < cfg.steps:
+            while not self.tracker.finished and self.step < last:
                 update = self.step + 1
                 stats = update % cfg.stats_every == 0
-                loss, values = self.train_step(stats)
+                log = update == 1 or update % cfg.log_every == 0 or update == cfg.steps
+                loss, values = self.train_step(stats, log)
                 self.step = update
-                if update == 1 or update % cfg.log_every == 0 or update == cfg.steps:
-                    loss_value = loss.item()
+                if log:
+                    loss_value = self.world.mean(loss).item()
                     values.update({"train/loss": loss_value, "train/lr": lr_at(update - 1, cfg)})
                     self.tracker.observe(update, loss_value, cfg.divergence_window)
                     if self.reporter is not None:
@@ -267,27 +432,30 @@ class Trainer:
                     perf_mark = (now, update)
                 ending = update == cfg.steps or self.tracker.diverged_step is not None
                 if update % self.eval_every == 0 or ending:
-                    values["val/loss"] = self._record_val()
+                    values.update(self._record_val())
                 tokens = update * tokens_per_step
                 self.writer.log(update, tokens, training_flops(self.n_params, tokens), values)
                 if self.tracker.diverged_step is not None:
                     break
-                if update % self.ckpt_every == 0 or stop.received is not None:
+                stopping = self.world.any(stop.received is not None)
+                if update % self.ckpt_every == 0 or stopping or update == until:
                     self._checkpoint(start)
-                if stop.received is not None:
+                if stopping:
+                    signal_name = stop.received or "to another rank"
                     raise Preempted(
-                        f"signal {stop.received} at step {update}; checkpoint written", update
+                        f"signal {signal_name} at step {update}; checkpoint written", update
                     )
-            if not self.tracker.finished:
+            done = self.step == cfg.steps or self.tracker.diverged_step is not None
+            if done and not self.tracker.finished:
                 self.tracker.finished = True
                 self._checkpoint(start)
                 self.tracker.wall_time_s += time.time() - start
         return self.summary()
 
-    def _record_val(self) -> float:
+    def _record_val(self) -> dict[str, float]:
         loss = self.val_loss()
         self.tracker.val_losses.append(loss)
-        return loss
+        return {"val/loss": loss}
 
     def summary(self) -> dict:
         """The flat, JSON-able run summary."""
@@ -295,10 +463,16 @@ class Trainer:
         tokens = spec.train.steps * spec.tokens_per_step
         flops = training_flops(self.n_params, tokens)
         m = spec.model
-        attn = lm_attention_flops_per_token(m.d_model, m.n_layers, m.seq_len) * tokens
+        attn = (
+            lm_attention_flops_per_token(m.d_model, m.n_layers, m.seq_len) * tokens
+            if isinstance(m, LMConfig)
+            else 0.0
+        )
         finite = [v for v in t.val_losses if math.isfinite(v)]
+        branch = spec.branch
         return {
             "run_id": spec.run_id,
+            "kind": m.kind,
             "state": "done" if t.diverged_step is None else "diverged",
             "steps_done": self.step,
             "total_steps": spec.train.steps,
@@ -320,7 +494,11 @@ class Trainer:
             "a_fmt": spec.precision.a_fmt,
             "d_model": m.d_model,
             "n_layers": m.n_layers,
+            "lr": spec.train.lr,
             "seed": spec.seed,
+            "parent": branch.parent if branch else None,
+            "branch_step": branch.step if branch else None,
+            "arm": branch.arm if branch else None,
         }
 
 
@@ -329,6 +507,15 @@ def _finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
+def make_trainer(spec: RunSpec, run_dir: Path, reporter: Reporter | None = None) -> Trainer:
+    """The trainer a spec needs (paired FP32/MX for a paired proxy), resumed from its files."""
+    if isinstance(spec.model, ProxyConfig) and spec.model.paired:
+        from models.paired import PairedTrainer
+
+        return PairedTrainer(spec, run_dir, reporter).resume()
+    return Trainer(spec, run_dir, reporter).resume()
+
+
 def train_run(spec: RunSpec, run_dir: Path, reporter: Reporter | None = None) -> dict:
     """Train (resuming from run_dir/checkpoints if present); return the summary dict."""
-    return Trainer(spec, run_dir, reporter).run()
+    return make_trainer(spec, run_dir, reporter).run()

@@ -81,6 +81,7 @@ def launch(
         array_parallelism,
         ray_address,
         on_event=progress.on_event,
+        on_chunk=progress.on_chunk,
     )
     try:
         with progress:
@@ -122,7 +123,7 @@ def plan(
         expansion = expand_grid(load_grid(grid), grid)
     except GridError as err:
         _fail(str(err))
-    rows = plan_rows(expansion.runs)
+    rows = plan_rows(expansion.runs, gpu_tflops)
     flops = total_flops(expansion.runs)
     totals = {
         "runs": len(rows),
@@ -139,22 +140,20 @@ def plan(
     render_plan(rows, totals, console)
 
 
-@app.command()
-def status(
-    sweep_dir: SweepDirArg,
-    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
-    runs: Annotated[bool, typer.Option(help="also list every run")] = True,
-) -> None:
-    """Where every run of SWEEP_DIR stands: counts by state, then one row per run."""
-    from sweep.reconcile import current_records
-    from sweep.status import render, run_row, state_counts
+# `sweep status` is parsed by sweep.status.main, which the console command reaches without
+# loading this module (see sweep/__main__.py); here it is only listed and passed through.
+@app.command(
+    context_settings={
+        "allow_extra_args": True,
+        "ignore_unknown_options": True,
+        "help_option_names": [],
+    }
+)
+def status(ctx: typer.Context) -> None:
+    """SWEEP_DIR [--json] [--no-runs]: counts by state, then one row per run."""
+    from sweep.status import main as status_main
 
-    store = _open_store(sweep_dir)
-    rows = [run_row(r) for r in current_records(store)]
-    if as_json:
-        print(json.dumps({"counts": state_counts(rows), "runs": rows}, indent=2))
-        return
-    render(rows, console, show_runs=runs)
+    raise typer.Exit(status_main(ctx.args))
 
 
 @app.command()
@@ -195,6 +194,78 @@ def analyze(
         _fail(str(err))
     for path in written:
         console.print(f"wrote {path}")
+
+
+@app.command()
+def intervene(
+    at: Annotated[str, typer.Option(help="branch step, or 'onset' (detected in the loss)")],
+    sweep_dir: Annotated[Path, typer.Option(help="the parents' sweep folder")],
+    runs: Annotated[
+        list[str] | None, typer.Argument(help="parent run id(s) (a unique prefix is enough)")
+    ] = None,
+    unstable: Annotated[
+        bool, typer.Option(help="branch every run that diverged or shows an onset")
+    ] = False,
+    config: Annotated[
+        list[str] | None, typer.Option(help="with --unstable: only these configs (repeatable)")
+    ] = None,
+    before: Annotated[
+        list[int] | None, typer.Option(help="branch this many steps before --at (repeatable)")
+    ] = None,
+    arms: Annotated[str, typer.Option(help="comma-separated arms, or 'all'")] = "all",
+    executor: Annotated[str | None, typer.Option(help="local | slurm | ray | auto")] = None,
+    workers: Annotated[int | None, typer.Option(help="local/ray: parallel runs")] = None,
+    retry_failed: Annotated[bool, typer.Option(help="resubmit failed/cancelled arms")] = False,
+    dry_run: Annotated[bool, typer.Option(help="list the branches, run nothing")] = False,
+    partition: Annotated[str | None, typer.Option(help="SLURM partition")] = None,
+    ray_address: Annotated[str | None, typer.Option(help="Ray cluster (default local)")] = None,
+) -> None:
+    """Branch RUNS at a step with one precision change per arm; launch the arms as runs."""
+    from sweep.intervene import intervene as do_intervene
+    from sweep.intervene import parse_arms, unstable_runs
+    from sweep.launch import LaunchOptions
+    from sweep.progress import LaunchProgress
+
+    progress = LaunchProgress(console)
+    options = LaunchOptions(
+        executor=executor,
+        workers=workers,
+        retry_failed=retry_failed,
+        dry_run=dry_run,
+        partition=partition,
+        ray_address=ray_address,
+        on_event=progress.on_event,
+        on_chunk=progress.on_chunk,
+    )
+    try:
+        arm_names = parse_arms(arms)
+        parents = list(runs or [])
+        if unstable:
+            parents += unstable_runs(SweepStore(sweep_dir), config)
+            if not parents:
+                console.print(f"{sweep_dir}: no unstable runs; nothing to branch")
+                return
+        with progress:
+            result, plans = do_intervene(
+                sweep_dir, parents, at, before or [], arm_names, options, on_start=progress.start
+            )
+    except (GridError, SweepError, ValueError) as err:
+        _fail(str(err))
+    except KeyboardInterrupt:
+        err_console.print("interrupted: running arms were checkpointed; run again to resume")
+        raise typer.Exit(130) from None
+    for plan in plans:
+        steps = ", ".join(map(str, plan.steps))
+        console.print(f"{plan.parent}: {plan.reason}; branching at step(s) {steps}")
+    verb = "would submit" if dry_run else "submitted"
+    console.print(
+        f"{len(arm_names)} arm(s): {', '.join(arm_names)}; {verb} {len(result.to_submit)} "
+        f"run(s) via {result.executor}"
+    )
+    for record in result.to_submit if dry_run else []:
+        console.print(f"  {record.run_id}  {record.spec['branch']}")
+    if progress.failures:
+        console.print(f"[red]{progress.failures} arm(s) failed[/red]: see `sweep status`")
 
 
 @app.command()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -301,27 +302,53 @@ def _format_validation(source: str | Path, err: ValidationError, prefix: str = "
     root = RunSpec if prefix else GridSpec
     lines = []
     for issue in err.errors():
-        key = ".".join(str(part) for part in issue["loc"]) or "(top level)"
+        loc, _ = _walk(root, issue["loc"])
+        key = ".".join(str(part) for part in loc) or "(top level)"
         value = issue.get("input")
         message = issue["msg"].removeprefix("Value error, ")
         if issue["type"] == "extra_forbidden":
-            allowed = _allowed_keys(root, issue["loc"][:-1])
+            _, parent = _walk(root, issue["loc"][:-1])
+            allowed = list(getattr(parent, "model_fields", {}))
             message = "unknown key" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
         shown = "" if isinstance(value, dict) else f" (got {value!r})"
         lines.append(f"{source}: {prefix + ': ' if prefix else ''}{key}: {message}{shown}")
     return "\n".join(lines)
 
 
-def _allowed_keys(root: type[BaseModel], loc: tuple) -> list[str]:
-    """Field names of the model found by walking ``loc`` from ``root`` (empty if unknown)."""
-    model: Any = root
-    for part in loc:
-        field_info = getattr(model, "model_fields", {}).get(part)
-        annotation = getattr(field_info, "annotation", None)
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
-            return []
-        model = annotation
-    return list(getattr(model, "model_fields", {}))
+def _members(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models a field's annotation allows (unions and Annotated unwrapped)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _members(arg)]
+
+
+def _field_model(model: Any, part: Any, tag: Any) -> tuple[type[BaseModel] | None, bool]:
+    """The model under field ``part`` of ``model`` and whether ``tag`` (the next loc part)
+    is a discriminated union's tag that picked it."""
+    field_info = getattr(model, "model_fields", {}).get(part)
+    members = _members(getattr(field_info, "annotation", None))
+    if len(members) == 1:
+        return members[0], False
+    for member in members:
+        kind = member.model_fields.get("kind")
+        if kind is not None and kind.default == tag:
+            return member, True
+    return None, False
+
+
+def _walk(root: type[BaseModel], loc: tuple) -> tuple[tuple, type[BaseModel] | None]:
+    """Follow ``loc`` from ``root``: the loc as users wrote it (without the tags pydantic
+    inserts after discriminated unions, as in model.lm.d_model) and the model it ends at
+    (None when it leaves the models)."""
+    shown: list[Any] = []
+    model: type[BaseModel] | None = root
+    i = 0
+    while i < len(loc):
+        shown.append(loc[i])
+        tag = loc[i + 1] if i + 1 < len(loc) else None
+        model, tagged = _field_model(model, loc[i], tag) if model else (None, False)
+        i += 2 if tagged else 1
+    return tuple(shown), model
 
 
 def total_flops(runs: list[RunSpec]) -> float:

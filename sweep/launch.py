@@ -12,7 +12,7 @@ from typing import Any
 from models.config import RunSpec
 from sweep.errors import GridError
 from sweep.executors.base import Executor, Submission
-from sweep.grid import Expansion, expand_grid, load_grid
+from sweep.grid import Expansion, LaunchSettings, expand_grid, load_grid
 from sweep.reconcile import current_records
 from sweep.store import RunRecord, SweepStore
 
@@ -37,13 +37,14 @@ class LaunchOptions:
     array_parallelism: int | None = None
     ray_address: str | None = None
     on_event: Any = None
+    on_chunk: Any = None  # SLURM: called per array chunk submitted
 
 
 @dataclass
 class LaunchResult:
     """What a launch found and did."""
 
-    expansion: Expansion
+    expansion: Expansion | None
     skipped: dict[str, int] = field(default_factory=dict)
     to_submit: list[RunRecord] = field(default_factory=list)
     submissions: list[Submission] = field(default_factory=list)
@@ -70,7 +71,8 @@ def make_executor(
 ) -> Executor:
     """Build the named executor with options from flags first, then the grid; resources are
     the largest any run of the grid asks for."""
-    cpus_per_run = max(spec.resources.cpus for spec in runs)
+    # A local run of several processes takes cores for each of them.
+    cpus_per_run = max(spec.resources.cpus * spec.resources.tasks_per_node for spec in runs)
     if name == "local":
         from sweep.executors.local import LocalExecutor
 
@@ -78,7 +80,7 @@ def make_executor(
             options.workers or grid_launch.workers, cpus_per_run, on_event=options.on_event
         )
     if name == "slurm":
-        from sweep.executors.slurm import SlurmExecutor, slurm_available
+        from sweep.executors.slurm import SlurmExecutor, TaskLayout, slurm_available
 
         if not slurm_available():
             raise GridError(
@@ -95,11 +97,24 @@ def make_executor(
             gpus_per_task=max(spec.resources.gpus for spec in runs),
             mem_gb=max((spec.resources.mem_gb or 0 for spec in runs), default=0) or None,
             array_parallelism=options.array_parallelism or grid_launch.array_parallelism,
+            on_chunk=options.on_chunk,
+            layouts={
+                spec.run_id: TaskLayout(
+                    spec.resources.nodes,
+                    spec.resources.tasks_per_node,
+                    spec.resources.gpus,
+                    spec.resources.cpus,
+                )
+                for spec in runs
+            },
         )
     from sweep.executors.ray_exec import RayExecutor
 
     return RayExecutor(
-        address=options.ray_address, num_cpus=options.workers, cpus_per_run=cpus_per_run
+        address=options.ray_address,
+        num_cpus=options.workers,
+        cpus_per_run=cpus_per_run,
+        on_event=options.on_event,
     )
 
 
@@ -111,6 +126,7 @@ def launch(
 ) -> LaunchResult:
     """Expand the grid and submit the runs that are missing, stale or (optionally) failed.
 
+    Branched runs (``sweep intervene``) of the sweep are resubmitted by the same rules.
     ``on_start(records, executor)`` is called once the runs to submit are known.
     """
     grid = load_grid(grid_path)
@@ -120,21 +136,41 @@ def launch(
             f"{grid_path}: the grid expands to no runs after filters (dropped: {expansion.dropped})"
         )
     executor_name = resolve_executor_name(options.executor or grid.launch.executor)
-    _check_resources(grid_path, expansion, executor_name)
+    check_resources(str(grid_path), expansion.runs, executor_name)
     store = SweepStore(sweep_dir or default_sweep_dir(grid_path, grid.name))
     result = LaunchResult(expansion, executor=executor_name, sweep_dir=store.root)
     if options.dry_run:
         return result
-    executor = make_executor(executor_name, store, options, expansion.runs, grid.launch)
-    with store.lock():
+
+    def register() -> None:
         store.initialise(
             Path(grid_path).read_text(),
             [s.run_id for s in expansion.runs],
             update_grid=options.update_grid,
         )
-        for spec in expansion.runs:
+
+    return submit_specs(store, expansion.runs, grid.launch, options, register, on_start, result)
+
+
+def submit_specs(
+    store: SweepStore,
+    specs: list[RunSpec],
+    grid_launch: LaunchSettings,
+    options: LaunchOptions,
+    register: Callable[[], None],
+    on_start: Callable[[list[RunRecord], str], None] | None,
+    result: LaunchResult,
+    only: set[str] | None = None,
+) -> LaunchResult:
+    """Under the sweep lock: ``register`` the runs, write their specs, and submit those in a
+    resubmittable state (restricted to ``only`` when given) via ``result.executor``."""
+    executor_name = result.executor
+    executor = make_executor(executor_name, store, options, specs, grid_launch)
+    with store.lock():
+        register()
+        for spec in specs:
             store.write_spec(spec.run_id, spec.model_dump_json(indent=2))
-        records = current_records(store)
+        records = [r for r in current_records(store) if only is None or r.run_id in only]
         wanted = RESUBMIT + (RETRYABLE if options.retry_failed else ())
         for record in records:
             if record.state in wanted:
@@ -168,26 +204,33 @@ def _estimated_cost(record: RunRecord) -> float:
     return spec.train.steps * spec.tokens_per_step * (spec.model.param_count() + 50_000)
 
 
-def _check_resources(grid_path: str | Path, expansion: Expansion, executor_name: str) -> None:
+def check_resources(source: str, specs: list[RunSpec], executor_name: str) -> None:
     """Refuse runs this executor cannot place, before anything is written or submitted."""
     if executor_name == "slurm":
         return
     cores = os.cpu_count() or 1
-    for spec in expansion.runs:
+    for spec in specs:
         if spec.resources.gpus and executor_name == "local" and not _has_cuda_device():
             raise GridError(
-                f"{grid_path}: run {spec.run_id} asks for resources.gpus="
+                f"{source}: run {spec.run_id} asks for resources.gpus="
                 f"{spec.resources.gpus} but this machine has no GPU; use "
                 "--executor slurm or set resources.gpus: 0"
             )
-        if spec.resources.cpus > cores:
+        if spec.resources.cpus * spec.resources.tasks_per_node > cores:
             raise GridError(
-                f"{grid_path}: run {spec.run_id} asks for resources.cpus="
-                f"{spec.resources.cpus} but this machine has {cores} cores"
+                f"{source}: run {spec.run_id} asks for resources.cpus="
+                f"{spec.resources.cpus} x tasks_per_node={spec.resources.tasks_per_node} "
+                f"but this machine has {cores} cores"
+            )
+        if spec.resources.world_size > 1 and executor_name == "ray":
+            raise GridError(
+                f"{source}: run {spec.run_id} asks for {spec.resources.world_size} processes "
+                "(resources.nodes x tasks_per_node); only the local and slurm executors "
+                "start multi-process runs"
             )
         if spec.resources.nodes > 1 and executor_name == "local":
             raise GridError(
-                f"{grid_path}: run {spec.run_id} asks for resources.nodes="
+                f"{source}: run {spec.run_id} asks for resources.nodes="
                 f"{spec.resources.nodes}; only the slurm executor spans nodes"
             )
 

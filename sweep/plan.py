@@ -10,12 +10,18 @@ from rich.table import Table
 from models.config import RunSpec
 
 
-def plan_rows(runs: list[RunSpec]) -> list[dict[str, Any]]:
-    """One row per run: shape, N, D, C = 6ND, steps, D/N and resources."""
+def plan_rows(runs: list[RunSpec], gpu_tflops: float = 150.0) -> list[dict[str, Any]]:
+    """One row per run: shape, N, D, C = 6ND, steps, D/N and resources: processes, GPUs
+    (nodes x GPUs per node), GPU-hours at ``gpu_tflops`` per GPU and the wall-clock hours
+    they take spread over the run's GPUs (None for CPU runs)."""
     rows = []
     for spec in runs:
         n_params = spec.model.param_count()
         tokens = spec.train.steps * spec.tokens_per_step
+        res = spec.resources
+        gpus = res.nodes * res.gpus
+        flops = 6.0 * n_params * tokens
+        gpu_hours = flops / (gpu_tflops * 1e12) / 3600
         rows.append(
             {
                 "run_id": spec.run_id,
@@ -26,11 +32,15 @@ def plan_rows(runs: list[RunSpec]) -> list[dict[str, Any]]:
                 "seed": spec.seed,
                 "N": n_params,
                 "D": tokens,
-                "C": 6.0 * n_params * tokens,
+                "C": flops,
                 "steps": spec.train.steps,
                 "tokens_per_param": tokens / n_params,
-                "gpus": spec.resources.gpus,
-                "nodes": spec.resources.nodes,
+                "nodes": res.nodes,
+                "processes": res.world_size,
+                "gpus_per_node": res.gpus,
+                "gpus": gpus,
+                "gpu_hours": gpu_hours if gpus else None,
+                "wall_hours": gpu_hours / gpus if gpus else None,
             }
         )
     return rows
@@ -50,6 +60,9 @@ def render_plan(rows: list[dict[str, Any]], totals: dict[str, Any], console: Con
         "C",
         "steps",
         "D/N",
+        "procs",
+        "GPUs",
+        "GPU-h",
     ):
         table.add_column(column, justify="left" if column in ("run_id", "config") else "right")
     for row in rows:
@@ -65,6 +78,9 @@ def render_plan(rows: list[dict[str, Any]], totals: dict[str, Any], console: Con
             f"{row['C']:.3g}",
             str(row["steps"]),
             f"{row['tokens_per_param']:.1f}",
+            str(row["processes"]),
+            str(row["gpus"]),
+            "" if row["gpu_hours"] is None else f"{row['gpu_hours']:.3g}",
         )
     console.print(table)
     dropped = ", ".join(f"{n} by {why}" for why, n in totals["dropped"].items() if n) or "none"

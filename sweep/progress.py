@@ -1,15 +1,24 @@
-"""Live progress of a launch: done / running / failed / ETA, failures printed as they happen."""
+"""Live progress of a launch: runs done / failed / ETA for executors that run them, array
+chunks submitted for SLURM; failures and chunks printed as they happen."""
 
 from __future__ import annotations
 
-import time
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+if TYPE_CHECKING:
+    from sweep.executors.slurm import ChunkSubmitted
+
 
 class LaunchProgress:
-    """A Rich progress bar fed by executor events; a no-op until ``start`` is called."""
+    """Rich progress bars fed by executor callbacks; a no-op until ``start`` is called.
+
+    Executors that run the runs (local, ray) report each run's end to ``on_event``; the
+    SLURM executor reports each array chunk sbatch accepted to ``on_chunk``, which prints
+    one line per chunk and, on a terminal only, moves a bar over the chunks.
+    """
 
     def __init__(self, console: Console):
         self.console = console
@@ -17,8 +26,6 @@ class LaunchProgress:
         self.done = 0
         self._progress: Progress | None = None
         self._task = None
-        self._total = 0
-        self._started_at = time.monotonic()
 
     def __enter__(self) -> LaunchProgress:
         return self
@@ -29,20 +36,13 @@ class LaunchProgress:
 
     def start(self, records, executor: str) -> None:
         """Called by launch once it knows which runs it submits."""
-        self._total = len(records)
-        if not records or executor == "slurm":
+        if not records:
             return
-        self._progress = Progress(
-            TextColumn("[bold]runs"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[detail]}"),
-            TimeRemainingColumn(),
-            console=self.console,
-            transient=False,
-        )
-        self._task = self._progress.add_task("runs", total=self._total, detail="")
-        self._progress.start()
+        if executor != "slurm":
+            self._show("runs", len(records), "")
+        elif self.console.is_terminal:
+            # The number of chunks is the executor's to work out (MaxArraySize).
+            self._show("chunks", None, f"runs 0/{len(records)}")
 
     def on_event(self, event: str, run_id: str, outcome) -> None:
         """Executor callback: a run ended as done / preempted / failed / crashed."""
@@ -56,3 +56,30 @@ class LaunchProgress:
             self._progress.update(
                 self._task, completed=ended, detail=f"done {self.done}  failed {self.failures}"
             )
+
+    def on_chunk(self, chunk: ChunkSubmitted) -> None:
+        """SLURM executor callback: sbatch accepted one more array chunk."""
+        self.console.print(
+            f"chunk {chunk.index}/{chunk.chunks}: array {chunk.array_id}, {chunk.size} runs "
+            f"({chunk.runs_submitted}/{chunk.runs_total} submitted)",
+            highlight=False,
+        )
+        if self._progress is not None:
+            self._progress.update(
+                self._task,
+                total=chunk.chunks,
+                completed=chunk.index,
+                detail=f"runs {chunk.runs_submitted}/{chunk.runs_total}",
+            )
+
+    def _show(self, label: str, total: int | None, detail: str) -> None:
+        self._progress = Progress(
+            TextColumn(f"[bold]{label}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[detail]}"),
+            TimeRemainingColumn(),
+            console=self.console,
+        )
+        self._task = self._progress.add_task(label, total=total, detail=detail)
+        self._progress.start()

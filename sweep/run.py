@@ -3,6 +3,10 @@
 Reads spec.json, trains (resuming from the run's latest checkpoint), and writes the run's
 own state markers: state.json with a heartbeat while running, summary.json then a terminal
 state.json at the end. Exit codes: 0 done/diverged, 75 preempted (requeue me), 1 failed.
+
+A run of several processes is started as one ``sweep.run`` per rank (by srun, torchrun or
+the local executor); they join one process group, rank 0 decides whether to start and
+writes every marker, the other ranks train silently and exit with the same codes.
 """
 
 from __future__ import annotations
@@ -13,10 +17,14 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from models.atomic import atomic_write_json
 from models.config import RunSpec
 from sweep.store import CANCEL_FILE, TERMINAL_STATES, read_json_if_exists
+
+if TYPE_CHECKING:
+    from models.distributed import World
 
 EXIT_OK, EXIT_FAILED, EXIT_PREEMPTED = 0, 1, 75
 HEARTBEAT_EVERY_S = 5.0
@@ -66,26 +74,48 @@ class StateWriter:
 
 def execute(run_dir: str | Path) -> int:
     """Train the run in ``run_dir`` to completion (or preemption); return the exit code."""
-    from models.train import Preempted, train_run  # torch is imported here, not at CLI start
+    from models.distributed import joined  # torch is imported here, not at CLI start
 
     run_dir = Path(run_dir)
     marker = read_json_if_exists(run_dir / "state.json") or {}
     if marker.get("state") in TERMINAL_STATES:
         return EXIT_OK
     spec = RunSpec.model_validate_json((run_dir / "spec.json").read_text())
+    with joined(spec.resources.world_size) as world:
+        if world.is_main:
+            return _lead(spec, run_dir, marker, world)
+        # Rank 0 alone reads the cancel request: the ranks must agree on starting.
+        if not world.from_main(None):
+            return EXIT_OK
+        return _follow(spec, run_dir)
+
+
+def _lead(spec: RunSpec, run_dir: Path, marker: dict, world: World) -> int:
+    """Rank 0 (or the only process): train and write the run's markers."""
+    from models.train import Preempted, train_run
+
     submitted = read_json_if_exists(run_dir / "submitted.json") or {}
     attempt = max(int(submitted.get("attempt", 1)), int(marker.get("attempt", 0)))
     writer = StateWriter(run_dir, spec.train.steps, attempt)
-    if _cancel_requested(run_dir, attempt):
+    cancelled = _cancel_requested(run_dir, attempt)
+    world.from_main(not cancelled)
+    if cancelled:
         writer.write("cancelled", int(marker.get("step", 0)), reason="cancelled before start")
         return EXIT_OK
     start_step = int(marker.get("step", 0))
     print(
         f"attempt {attempt}: "
         + (f"resuming from step {start_step}" if start_step else "starting")
-        + f" of {spec.train.steps}",
+        + f" of {spec.train.steps} on {world.size} process(es)",
         flush=True,
     )
+    if world.size != spec.resources.world_size:
+        # Allowed: ranks split the same global batch, so the trajectory is the same.
+        print(
+            f"note: resources ask for {spec.resources.world_size} process(es), "
+            f"launched with {world.size}",
+            flush=True,
+        )
     writer.write("running", start_step)
     try:
         summary = train_run(spec, run_dir, reporter=writer)
@@ -108,6 +138,20 @@ def execute(run_dir: str | Path) -> int:
         return EXIT_FAILED
     atomic_write_json(run_dir / "summary.json", summary)
     writer.write(summary["state"], int(summary["steps_done"]))
+    return EXIT_OK
+
+
+def _follow(spec: RunSpec, run_dir: Path) -> int:
+    """A rank other than 0: train in step with rank 0, write nothing."""
+    from models.train import Preempted, train_run
+
+    try:
+        train_run(spec, run_dir)
+    except Preempted:
+        return EXIT_PREEMPTED
+    except Exception:  # noqa: BLE001 - rank 0 records the failure it sees in the collectives
+        traceback.print_exc()
+        return EXIT_FAILED
     return EXIT_OK
 
 

@@ -101,6 +101,16 @@ class SweepStore:
         atomic_write_text(self.root / "grid.yaml", grid_text)
         atomic_write_json(meta_path, meta)
 
+    def add_branches(self, run_ids: list[str]) -> None:
+        """Register branched runs (``sweep intervene``) beside the grid's own runs."""
+        meta_path = self.root / "sweep.json"
+        if not meta_path.exists():
+            raise SweepError(f"{self.root}: not a launched sweep (no sweep.json); launch it first")
+        meta = json.loads(meta_path.read_text())
+        meta["branch_ids"] = sorted(set(meta.get("branch_ids", [])) | set(run_ids))
+        meta["updated_at"] = time.time()
+        atomic_write_json(meta_path, meta)
+
     def write_spec(self, run_id: str, spec_json: str) -> Path:
         """Create the run folder with its spec (unchanged if it already exists)."""
         run_dir = self.runs_dir / run_id
@@ -140,7 +150,8 @@ class SweepStore:
 
     def run_ids(self) -> list[str]:
         if self.exists():
-            return json.loads((self.root / "sweep.json").read_text())["run_ids"]
+            meta = json.loads((self.root / "sweep.json").read_text())
+            return meta["run_ids"] + meta.get("branch_ids", [])
         return sorted(p.name for p in self.runs_dir.iterdir()) if self.runs_dir.is_dir() else []
 
     def records(self) -> list[RunRecord]:

@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import yaml
+
 # Each script gets the run folder as argv[1] and leaves markers in it.
 QUICK = """
 import pathlib, sys
@@ -81,3 +83,13 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> No
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
         time.sleep(0.25)
+
+
+def two_run_grid(repo_root: Path, tmp_path: Path) -> Path:
+    """tests/grids/micro.yaml cut to one budget and one shape: two runs, two precisions."""
+    grid = yaml.safe_load((repo_root / "tests" / "grids" / "micro.yaml").read_text())
+    grid["axes"]["budget"] = grid["axes"]["budget"][:1]
+    grid["axes"]["shape"] = grid["axes"]["shape"][:1]
+    grid_path = tmp_path / "two_runs.yaml"
+    grid_path.write_text(yaml.safe_dump(grid))
+    return grid_path

@@ -1,9 +1,12 @@
 """Scaling-law fits recover known laws; the loss-scale pitfall stays fixed."""
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from analysis.fit import bootstrap, fit_chinchilla, fit_compute, fit_kaplan
+from analysis.laws import chinchilla_laws, kaplan_laws
+from analysis.tables import forms_table
 
 TRUE = {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28}  # Hoffmann et al.
 
@@ -78,14 +81,80 @@ def test_unpinnable_fit_is_flagged_at_bound():
     assert not fit.trustworthy and fit.at_bounds
 
 
+KAPLAN = {"A": 1e8, "B": 1e9, "E": 1.5, "alpha": 0.3, "beta": 0.4}
+
+
+def kaplan_data(n: int = 60, noise: float = 0.0, seed: int = 2, **law: float):
+    p = KAPLAN | law
+    rng = np.random.default_rng(seed)
+    N = np.exp(rng.uniform(np.log(1e7), np.log(1e9), n))
+    D = np.exp(rng.uniform(np.log(1e9), np.log(1e11), n))
+    L = ((p["A"] / N) ** (p["alpha"] / p["beta"]) + p["B"] / D) ** p["beta"] + p["E"]
+    return N, D, L * np.exp(rng.normal(0, noise, n))
+
+
 def test_kaplan_recovers_its_own_law():
-    rng = np.random.default_rng(2)
-    N = np.exp(rng.uniform(np.log(1e7), np.log(1e9), 60))
-    D = np.exp(rng.uniform(np.log(1e9), np.log(1e11), 60))
-    L = ((1e8 / N) ** (0.3 / 0.4) + 1e9 / D) ** 0.4 + 1.5
-    fit = fit_kaplan(N, D, L, n_starts=8)
-    assert fit.converged
+    N, D, L = kaplan_data(noise=0.002)
+    fit = fit_kaplan(N, D, L)
+    # Analytic gradient: L-BFGS-B stops on a small projected gradient, not on a stalled step.
+    assert fit.converged and not fit.at_bounds and fit.grad_norm < 1e-2
+    # At 0.2% noise the worst errors over 15 seeds were 0.006 (alpha), 0.013 (beta), 0.021 (E).
+    assert fit.alpha == pytest.approx(KAPLAN["alpha"], abs=0.015)
+    assert fit.beta == pytest.approx(KAPLAN["beta"], abs=0.03)
+    assert pytest.approx(KAPLAN["E"], abs=0.05) == fit.E
     assert np.max(np.abs(fit.predict(N, D) / L - 1)) < 0.01
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_kaplan_best_grid_starts_find_the_optimum(seed):
+    """The batched grid scoring ranks starts well: the best 3 reach what the best 40 reach
+    (measured: 15/15 seeds; the best 1 alone: 13/15, seeds 1 and 3 miss)."""
+    N, D, L = kaplan_data(noise=0.002, seed=seed)
+    few, many = fit_kaplan(N, D, L, n_starts=3), fit_kaplan(N, D, L, n_starts=40)
+    assert few.objective == pytest.approx(many.objective, rel=1e-4)
+
+
+def test_kaplan_compute_optimal_allocation_minimises_loss_on_isoflop():
+    fit = fit_kaplan(*kaplan_data())
+    C = 1e20
+    ns = np.geomspace(1e6, 1e12, 6001)
+    assert fit.n_opt(C) == pytest.approx(ns[np.argmin(fit.predict(ns, C / (6 * ns)))], rel=0.01)
+    assert fit.loss_at(C) == pytest.approx(fit.predict(ns, C / (6 * ns)).min(), rel=1e-6)
+    assert fit.n_opt(10 * C) / fit.n_opt(C) == pytest.approx(10**fit.n_opt_exponent)
+
+
+def test_kaplan_rows_sit_next_to_chinchilla_rows_in_fits_table():
+    parts = []
+    for config, alpha in (("bf16_bf16", 0.3), ("fp8_e4m3_fp8_e4m3", 0.25)):
+        N, D, L = kaplan_data(n=50, noise=0.002, seed=len(parts), alpha=alpha)
+        parts.append(
+            pd.DataFrame(
+                {"config": config, "n_params": N, "tokens": D, "flops": 6 * N * D}
+                | {"budget": 6 * N * D, "min_val_loss": L}
+            )
+        )
+    runs = pd.concat(parts, ignore_index=True)
+    laws = {
+        "chinchilla": chinchilla_laws(runs, n_boot=0, n_starts=10),
+        "kaplan": kaplan_laws(runs, n_boot=8, workers=1),
+    }
+    table = forms_table(laws, target_flops=1e21)
+    assert list(zip(table["config"], table["form"], strict=True)) == [
+        ("bf16_bf16", "chinchilla"),
+        ("bf16_bf16", "kaplan"),
+        ("fp8_e4m3_fp8_e4m3", "chinchilla"),
+        ("fp8_e4m3_fp8_e4m3", "kaplan"),
+    ]
+    kaplan = table[table["form"] == "kaplan"].set_index("config")
+    for config, alpha in (("bf16_bf16", 0.3), ("fp8_e4m3_fp8_e4m3", 0.25)):
+        row = kaplan.loc[config]
+        # "value [lo, hi]" cells: every parameter finite, with a bootstrap CI.
+        values = {k: float(row[k].split()[0]) for k in ("A", "B", "E", "alpha", "beta")}
+        assert all(np.isfinite(v) for v in values.values()) and "[" in row["alpha"]
+        assert values["alpha"] == pytest.approx(alpha, abs=0.03)
+        assert values["beta"] == pytest.approx(KAPLAN["beta"], abs=0.04)
+        assert row["trustworthy"] and row["flags"] == ""
+        assert float(row["n_opt_at_target"]) > 0
 
 
 @pytest.mark.parametrize(

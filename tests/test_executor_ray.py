@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -49,8 +50,17 @@ def test_runs_complete_and_a_failing_command_is_reported(tmp_path: Path):
     bad = tmp_path / "runs" / "bad"
     bad.mkdir()
     quick, failing = fake_command(QUICK), fake_command(FAILING)
+    events: list[tuple[str, str]] = []
+    lock = threading.Lock()  # like a live console, it cannot be pickled; Tune must not try
+
+    def record(event: str, run_id: str, outcome: None) -> None:
+        with lock:
+            events.append((event, run_id))
+
     executor = RayExecutor(
-        num_cpus=2, command=lambda d: failing(d) if d.name == "bad" else quick(d)
+        num_cpus=2,
+        command=lambda d: failing(d) if d.name == "bad" else quick(d),
+        on_event=record,
     )
 
     before = _descendants(os.getpid())
@@ -73,6 +83,13 @@ def test_runs_complete_and_a_failing_command_is_reported(tmp_path: Path):
     assert executor.outcomes["bad"].trial_id == subs[3].job_id
     assert (bad / "logs" / "attempt-4.err").read_text() == "boom\n"
     assert executor.query(subs) == dict.fromkeys(["run0", "run1", "run2", "bad"], "gone")
+    # Each trial's end was reported once, as it happened (order depends on scheduling).
+    assert sorted(events) == [
+        ("done", "run0"),
+        ("done", "run1"),
+        ("done", "run2"),
+        ("failed", "bad"),
+    ]
 
     # ray.shutdown stops the local cluster this process started: no raylet/GCS left behind.
     wait_until(lambda: _descendants(os.getpid()) <= before, 15, "Ray processes to exit")

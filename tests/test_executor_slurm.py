@@ -2,19 +2,31 @@
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
-from executor_fixtures import HELD, PREEMPTIBLE, QUICK, fake_command, make_run_dirs, wait_until
+from executor_fixtures import (
+    HELD,
+    PREEMPTIBLE,
+    QUICK,
+    fake_command,
+    make_run_dirs,
+    two_run_grid,
+    wait_until,
+)
+from rich.console import Console
 
 from sweep.executors.base import Submission
 from sweep.executors.slurm import (
+    ChunkSubmitted,
     SlurmExecutor,
     SlurmUnavailableError,
     chunk_runs,
@@ -89,6 +101,42 @@ def test_chunks_stay_below_max_array_size(count: int, max_array_size: int, sizes
 def test_chunking_rejects_a_max_array_size_below_two():
     with pytest.raises(ValueError, match="max_array_size must be >= 2, got 1"):
         chunk_runs([1, 2], 1)
+
+
+# 2,100 runs under MaxArraySize 1001: chunks of 1000, 1000 and 100.
+THREE_CHUNKS = [
+    ChunkSubmitted(1, 3, "41", 1000, 1000, 2100),
+    ChunkSubmitted(2, 3, "42", 1000, 2000, 2100),
+    ChunkSubmitted(3, 3, "43", 100, 2100, 2100),
+]
+
+
+def _show_chunks(console: Console, chunks: list[ChunkSubmitted], runs: int) -> None:
+    from sweep.progress import LaunchProgress
+
+    with LaunchProgress(console) as progress:
+        progress.start(list(range(runs)), "slurm")
+        for chunk in chunks:
+            progress.on_chunk(chunk)
+
+
+def test_chunk_progress_off_a_terminal_is_one_line_per_chunk():
+    out = io.StringIO()
+    _show_chunks(Console(file=out, force_terminal=False, width=200), THREE_CHUNKS, 2100)
+    assert out.getvalue().splitlines() == [
+        "chunk 1/3: array 41, 1000 runs (1000/2100 submitted)",
+        "chunk 2/3: array 42, 1000 runs (2000/2100 submitted)",
+        "chunk 3/3: array 43, 100 runs (2100/2100 submitted)",
+    ]
+
+
+def test_chunk_progress_on_a_terminal_ends_with_a_full_bar():
+    out = io.StringIO()
+    _show_chunks(Console(file=out, force_terminal=True, width=120), THREE_CHUNKS, 2100)
+    shown = out.getvalue()
+    assert "chunk 3/3: array 43, 100 runs (2100/2100 submitted)" in shown
+    last_frame = shown.rsplit("\r", 1)[-1]
+    assert "chunks" in last_frame and "3/3" in last_frame and "runs 2100/2100" in last_frame
 
 
 def test_parse_job_states_expands_folded_arrays_and_prefers_task_records():
@@ -252,6 +300,60 @@ def test_small_max_array_size_gives_one_sbatch_per_chunk(
 
 
 @pytest.mark.slurm
+@requires_slurm
+def test_each_chunk_is_reported_once_sbatch_accepted_it(
+    tmp_path: Path, slurm_jobs: list[Submission]
+):
+    runs = make_run_dirs(tmp_path, 5)
+    chunks: list[ChunkSubmitted] = []
+    executor = _executor(tmp_path, QUICK, max_array_size=3, on_chunk=chunks.append)
+    subs = executor.submit(runs, {})
+    slurm_jobs += subs
+
+    assert [(c.index, c.chunks, c.size, c.runs_submitted, c.runs_total) for c in chunks] == [
+        (1, 3, 2, 2, 5),
+        (2, 3, 2, 4, 5),
+        (3, 3, 1, 5, 5),
+    ]
+    # Chunks of two are arrays ("<array>_<task>"); a chunk of one is a plain job.
+    assert [c.array_id for c in chunks] == [
+        subs[0].job_id.split("_")[0],
+        subs[2].job_id.split("_")[0],
+        subs[4].job_id,
+    ]
+    assert subs[1].job_id == f"{chunks[0].array_id}_1"
+    assert len({c.array_id for c in chunks}) == 3
+
+
+@pytest.mark.slurm
+@requires_slurm
+def test_piped_cli_launch_prints_one_line_per_chunk(
+    tmp_path: Path, repo_root: Path, slurm_jobs: list[Submission]
+):
+    grid_path = two_run_grid(repo_root, tmp_path)
+    sweep_dir = tmp_path / "sweep"
+    launched = subprocess.run(
+        [sys.executable, "-m", "sweep.cli", "launch", str(grid_path), "--sweep-dir"]
+        + [str(sweep_dir), "--executor", "slurm"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    submitted = [
+        Submission.from_json(json.loads(path.read_text()))
+        for path in sorted(sweep_dir.glob("runs/*/submitted.json"))
+    ]
+    slurm_jobs += submitted
+    assert launched.returncode == 0, launched.stdout + launched.stderr
+    array = submitted[0].job_id.split("_")[0]
+    assert launched.stdout.splitlines() == [
+        f"chunk 1/1: array {array}, 2 runs (2/2 submitted)",
+        "2 runs in grid; submitted 2 via slurm; skipped: none",
+        f"sweep folder: {sweep_dir}",
+    ]
+
+
+@pytest.mark.slurm
 @pytest.mark.slow
 @requires_slurm
 @pytest.mark.parametrize("signal_name", ["USR2", "TERM"])
@@ -307,16 +409,15 @@ def test_real_entry_point_trains_runs_on_slurm(
     from sweep.reconcile import current_records
     from sweep.store import SweepStore
 
-    grid = yaml.safe_load((repo_root / "tests" / "grids" / "micro.yaml").read_text())
-    grid["axes"]["budget"] = grid["axes"]["budget"][:1]
-    grid["axes"]["shape"] = grid["axes"]["shape"][:1]
-    grid_path = tmp_path / "two_runs.yaml"
-    grid_path.write_text(yaml.safe_dump(grid))
+    grid_path = two_run_grid(repo_root, tmp_path)
     sweep_dir = tmp_path / "sweep"
 
-    first = launch(grid_path, sweep_dir, LaunchOptions(executor="slurm"))
+    chunks: list[ChunkSubmitted] = []
+    first = launch(grid_path, sweep_dir, LaunchOptions(executor="slurm", on_chunk=chunks.append))
     slurm_jobs += first.submissions
     assert len(first.submissions) == 2
+    array = first.submissions[0].job_id.split("_")[0]
+    assert chunks == [ChunkSubmitted(1, 1, array, 2, 2, 2)]
     store = SweepStore(sweep_dir)
     wait_until(
         lambda: [r.state for r in current_records(store)] == ["done", "done"],

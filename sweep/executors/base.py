@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import ctypes
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
+
+_PR_SET_PDEATHSIG = 1
 
 # What the scheduler can tell about a submitted run; run markers say the rest.
 SCHEDULER_STATES = ("queued", "running", "gone", "unknown")
@@ -54,3 +58,8 @@ class Executor(Protocol):
 def run_command(run_dir: Path) -> list[str]:
     """The single entry point every executor runs for a run folder."""
     return [sys.executable, "-m", "sweep.run", str(run_dir)]
+
+
+def die_with_parent() -> None:
+    """``preexec_fn`` for a child that must not outlive its launcher (e.g. after SIGKILL)."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)

@@ -2,7 +2,9 @@
 
 Workers import torch and the training code once, so a run starts in well under a second
 after dispatch; each run's output goes to its own log file. ``submit`` blocks until every
-run has ended and reports progress through a callback.
+run has ended and reports progress through a callback. A run that asks for several
+processes (resources.tasks_per_node) is started by its worker as that many ranks with
+torchrun's variables (``spawn_ranks``).
 """
 
 from __future__ import annotations
@@ -11,16 +13,25 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import socket
+import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
-from sweep.executors.base import Submission
+from models.config import RunSpec
+from sweep.executors.base import Submission, die_with_parent, run_command
+from sweep.run import EXIT_PREEMPTED
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
+# How long the other ranks get to notice a failed rank (and rank 0 to record the failure)
+# before they are killed.
+FAILURE_GRACE_S = 30.0
 
 
 @dataclass
@@ -60,7 +71,12 @@ def _run_in_worker(run_dir: str, attempt: int) -> RunOutcome:
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
         try:
-            code = execute(run_dir)
+            spec = RunSpec.model_validate_json((Path(run_dir) / "spec.json").read_text())
+            nprocs = spec.resources.world_size
+            if nprocs == 1:
+                code = execute(run_dir)
+            else:
+                code = spawn_ranks(run_command(Path(run_dir)), nprocs)
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
@@ -69,6 +85,74 @@ def _run_in_worker(run_dir: str, attempt: int) -> RunOutcome:
             os.close(saved[0])
             os.close(saved[1])
     return RunOutcome(Path(run_dir).name, code, started, time.time(), os.getpid())
+
+
+def spawn_ranks(argv: list[str], nprocs: int) -> int:
+    """Run ``argv`` as ``nprocs`` ranks on this machine with torchrun's variables.
+
+    SIGTERM/SIGUSR2 to this process reach every rank (they agree on a step, checkpoint and
+    exit 75). When a rank fails the others get FAILURE_GRACE_S to notice, then are killed.
+    Returns the first failing rank's exit code, else rank 0's.
+    """
+    env = {
+        **os.environ,
+        "WORLD_SIZE": str(nprocs),
+        "LOCAL_WORLD_SIZE": str(nprocs),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+    }
+    ranks = [
+        subprocess.Popen(
+            argv,
+            env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+            stdin=subprocess.DEVNULL,
+            # Stop requests reach the ranks through us only, never a terminal's Ctrl-C.
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
+        for rank in range(nprocs)
+    ]
+    with _forwarding(ranks):
+        failed_at: float | None = None
+        while any(rank.poll() is None for rank in ranks):
+            if failed_at is None and any(_failed(rank.returncode) for rank in ranks):
+                failed_at = time.monotonic()
+            if failed_at is not None and time.monotonic() - failed_at > FAILURE_GRACE_S:
+                for rank in ranks:
+                    if rank.poll() is None:
+                        rank.kill()
+            time.sleep(0.1)
+    codes = [rank.wait() for rank in ranks]
+    return next((code for code in codes if _failed(code)), codes[0])
+
+
+def _failed(code: int | None) -> bool:
+    return code is not None and code not in (0, EXIT_PREEMPTED)
+
+
+@contextlib.contextmanager
+def _forwarding(children: list[subprocess.Popen]) -> Iterator[None]:
+    """Forward SIGTERM/SIGUSR2 to the children while inside (main thread only)."""
+
+    def forward(signum: int, _frame: object) -> None:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signum)
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, forward) for sig in _STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 class LocalExecutor:

@@ -1,8 +1,9 @@
 """Ray executor: one Ray Tune trial per run, each calling the run's command in a subprocess.
 
-`submit` blocks until every trial has ended: Tune needs its driver alive, so by the time
-`query` or another `sweep` process asks, the scheduler holds nothing (all runs "gone") and
-the run folders' own markers tell how each run ended.
+`submit` blocks until every trial has ended (reporting each end to ``on_event`` as it
+happens): Tune needs its driver alive, so by the time `query` or another `sweep` process
+asks, the scheduler holds nothing (all runs "gone") and the run folders' own markers tell
+how each run ended.
 """
 
 from __future__ import annotations
@@ -28,6 +29,11 @@ class TrialOutcome:
     error: str | None = None
 
 
+# (event "done" | "failed", run_id, outcome): the local executor's callback signature; the
+# outcome is None here, as it is only complete once Tune returns (see RayExecutor.outcomes).
+OnEvent = Callable[[str, str, None], None]
+
+
 def _run_trial(config: dict[str, Any], jobs: dict[str, tuple[list[str], str, int]]) -> None:
     argv, run_dir, attempt = jobs[config["run_id"]]
     returncode = launch_logged(argv, Path(run_dir), attempt).wait()
@@ -47,6 +53,7 @@ class RayExecutor:
         num_cpus: int | None = None,
         cpus_per_run: float = 1,
         command: Callable[[Path], list[str]] = run_command,
+        on_event: OnEvent | None = None,
     ) -> None:
         if num_cpus is not None and num_cpus < 1:
             raise ValueError(f"num_cpus must be >= 1, got {num_cpus}")
@@ -58,6 +65,7 @@ class RayExecutor:
         self.num_cpus = num_cpus
         self.cpus_per_run = cpus_per_run
         self.command = command
+        self.on_event = on_event
         self.outcomes: dict[str, TrialOutcome] = {}
 
     def submit(self, run_dirs: list[Path], attempts: dict[str, int]) -> list[Submission]:
@@ -78,7 +86,9 @@ class RayExecutor:
                 ray.init(num_cpus=self.num_cpus, include_dashboard=False, _temp_dir=temp_dir)
             else:
                 ray.init(address=self.address)
-            trial_ids, errors = _fit(jobs, self.cpus_per_run, Path(temp_dir) / "tune")
+            trial_ids, errors = _fit(
+                jobs, self.cpus_per_run, Path(temp_dir) / "tune", self.on_event
+            )
         finally:
             ray.shutdown()
             shutil.rmtree(temp_dir, ignore_errors=True)
@@ -101,19 +111,40 @@ class RayExecutor:
 
 
 def _fit(
-    jobs: dict[str, tuple[list[str], str, int]], cpus_per_run: float, storage: Path
+    jobs: dict[str, tuple[list[str], str, int]],
+    cpus_per_run: float,
+    storage: Path,
+    on_event: OnEvent | None,
 ) -> tuple[dict[str, str], dict[str, str]]:
     """Run the Tune grid; return {run_id: trial_id} and {run_id: error} for failed trials."""
     from ray import tune
 
     class TrialIds(tune.Callback):
-        def __init__(self) -> None:
+        """Records each trial's id and reports each trial's end to ``on_event``."""
+
+        def __init__(self, on_event: OnEvent | None) -> None:
             self.by_run: dict[str, str] = {}
+            self.on_event = on_event
+
+        def __getstate__(self) -> dict[str, Any]:
+            # Tune pickles its callbacks into the experiment state, to resume it (which sweep
+            # never does); the launcher's callback (a live console) cannot be pickled.
+            return {"by_run": self.by_run, "on_event": None}
 
         def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
             self.by_run[trial.config["run_id"]] = trial.trial_id
 
-    recorder = TrialIds()
+        def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+            self._report("done", trial)
+
+        def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+            self._report("failed", trial)
+
+        def _report(self, event: str, trial: Any) -> None:
+            if self.on_event is not None:
+                self.on_event(event, trial.config["run_id"], None)
+
+    recorder = TrialIds(on_event)
     trainable = tune.with_resources(
         tune.with_parameters(_run_trial, jobs=jobs), {"cpu": cpus_per_run}
     )

@@ -3,11 +3,14 @@
 Each array task runs the run's command as a child process, forwards SIGTERM/SIGUSR2 to it
 and, when the child exits with EX_TEMPFAIL (75: it checkpointed and wants to continue),
 requeues itself so the run resumes from its checkpoint in the same job id.
+
+A run of several processes gets nodes x tasks-per-node array tasks (srun starts one per
+rank, each with its SLURM_PROCID); every task runs the command, and rank 0's task alone
+requeues the job. Runs with different layouts go to different arrays.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 import shutil
@@ -15,10 +18,11 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sweep.executors.base import Submission, run_command
+from sweep.executors.base import Submission, die_with_parent, run_command
 
 EX_TEMPFAIL = 75
 _QUEUED = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
@@ -35,8 +39,45 @@ _RUNNING = {
 # "12_[0-3,7%2]": the pending remainder of an array, folded into one scheduler record.
 _FOLDED_ARRAY = re.compile(r"^(?P<job>\d+)_\[(?P<ranges>[\d,\-]+)(?:%\d+)?\]$")
 _FORWARDED = (signal.SIGTERM, signal.SIGUSR2)
-_PR_SET_PDEATHSIG = 1
 _SCHEDULER_TIMEOUT_S = 60
+
+
+@dataclass(frozen=True)
+class ChunkSubmitted:
+    """One array chunk accepted by sbatch, and how far the submission has come."""
+
+    index: int  # 1-based, in submission order
+    chunks: int
+    array_id: str  # the array's job id (a lone run's plain job id)
+    size: int  # runs in this chunk
+    runs_submitted: int  # runs in this and the earlier chunks
+    runs_total: int
+
+
+OnChunk = Callable[[ChunkSubmitted], None]
+
+
+@dataclass(frozen=True)
+class TaskLayout:
+    """Where one run's processes go: nodes, ranks per node, GPUs per node, CPUs per rank."""
+
+    nodes: int = 1
+    tasks_per_node: int = 1
+    gpus_per_node: int = 0
+    cpus_per_task: int = 1
+
+    def parameters(self) -> dict[str, Any]:
+        """The submitit.SlurmExecutor parameters of this layout."""
+        params = {
+            "nodes": self.nodes,
+            "ntasks_per_node": self.tasks_per_node,
+            "cpus_per_task": self.cpus_per_task,
+        }
+        # Per node, not per task: every rank then sees all the node's GPUs and picks its
+        # own by local rank, as torchrun would.
+        if self.gpus_per_node:
+            params["gpus_per_node"] = self.gpus_per_node
+        return params
 
 
 class SlurmUnavailableError(RuntimeError):
@@ -119,21 +160,20 @@ def _scheduler(argv: list[str]) -> subprocess.CompletedProcess[str]:
         return subprocess.CompletedProcess(argv, 127, "", str(err))
 
 
-def _die_with_parent() -> None:
-    # A run must not outlive the task that watches it (e.g. after SIGKILL of the task).
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def launch_logged(argv: list[str], run_dir: Path, attempt: int) -> subprocess.Popen[bytes]:
-    """Start argv with stdout/stderr appended to <run_dir>/logs/attempt-<attempt>.out|err."""
+def launch_logged(
+    argv: list[str], run_dir: Path, attempt: int, rank: int = 0
+) -> subprocess.Popen[bytes]:
+    """Start argv with stdout/stderr appended to <run_dir>/logs/attempt-<attempt>.out|err
+    (rank r > 0 of a multi-process run: attempt-<attempt>.rank<r>.out|err)."""
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
+    stem = f"attempt-{attempt}" + (f".rank{rank}" if rank else "")
     with (
-        open(logs / f"attempt-{attempt}.out", "ab") as out,
-        open(logs / f"attempt-{attempt}.err", "ab") as err,
+        open(logs / f"{stem}.out", "ab") as out,
+        open(logs / f"{stem}.err", "ab") as err,
     ):
         return subprocess.Popen(
-            argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent
+            argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent
         )
 
 
@@ -153,7 +193,8 @@ def task_outcome(returncode: int, received: set[int]) -> str:
 
 def run_array_task(argv: list[str], run_dir: str, attempt: int) -> int:
     """Body of one array task: run the command, forward preemption signals, requeue on 75."""
-    child = launch_logged(argv, Path(run_dir), attempt)
+    rank = int(os.environ.get("SLURM_PROCID", "0"))
+    child = launch_logged(argv, Path(run_dir), attempt, rank)
     received: set[int] = set()
 
     def forward(signum: int, _frame: object) -> None:
@@ -167,7 +208,9 @@ def run_array_task(argv: list[str], run_dir: str, attempt: int) -> int:
     returncode = child.wait()
     outcome = task_outcome(returncode, received)
     if outcome == "requeue":
-        _requeue_self()
+        # One requeue per job: the task of rank 0, which writes the run's markers.
+        if rank == 0:
+            _requeue_self()
     elif outcome == "failed":
         raise RuntimeError(f"{argv[0]} for {run_dir} exited with {returncode}; see its logs/")
     return returncode
@@ -212,6 +255,8 @@ class SlurmExecutor:
         extra: dict[str, Any] | None = None,
         command: Callable[[Path], list[str]] = run_command,
         max_array_size: int | None = None,
+        on_chunk: OnChunk | None = None,
+        layouts: dict[str, TaskLayout] | None = None,
     ) -> None:
         if shutil.which("sbatch") is None:
             raise SlurmUnavailableError(
@@ -231,6 +276,8 @@ class SlurmExecutor:
         self.command = command
         self.array_parallelism = array_parallelism
         self.max_array_size = max_array_size
+        self.on_chunk = on_chunk
+        self.layouts = layouts or {}
         self.parameters = _sbatch_parameters(
             job_name=f"sweep-{Path(sweep_dir).name}",
             partition=partition,
@@ -244,17 +291,31 @@ class SlurmExecutor:
         )
 
     def submit(self, run_dirs: list[Path], attempts: dict[str, int]) -> list[Submission]:
-        """Submit one array per chunk; job ids are "<array>_<task>" (a lone run: "<job>")."""
+        """Submit one array per chunk of runs with the same layout; job ids are
+        "<array>_<task>" (a lone run: "<job>").
+
+        ``on_chunk`` hears of each chunk once sbatch has accepted it. Runs without an
+        entry in ``layouts`` take the executor-wide cpus/gpus per task.
+        """
         if not run_dirs:
             return []
         import submitit  # imported here: it is only needed where sbatch exists
 
         limit = self.max_array_size or read_max_array_size()
+        by_layout: dict[TaskLayout | None, list[Path]] = {}
+        for run_dir in run_dirs:
+            by_layout.setdefault(self.layouts.get(run_dir.name), []).append(run_dir)
+        chunks = [
+            (layout, chunk)
+            for layout, group in by_layout.items()
+            for chunk in chunk_runs(group, limit)
+        ]
         submissions: list[Submission] = []
-        for chunk in chunk_runs(run_dirs, limit):
+        for index, (layout, chunk) in enumerate(chunks, start=1):
             executor = submitit.SlurmExecutor(folder=self.folder)
             executor.update_parameters(
-                **self.parameters, array_parallelism=self.array_parallelism or len(chunk)
+                **self._parameters(layout),
+                array_parallelism=self.array_parallelism or len(chunk),
             )
             chunk_attempts = [attempts.get(run_dir.name, 1) for run_dir in chunk]
             jobs = executor.map_array(
@@ -267,7 +328,24 @@ class SlurmExecutor:
                 Submission(run_dir.name, self.name, job.job_id, attempt)
                 for run_dir, job, attempt in zip(chunk, jobs, chunk_attempts, strict=True)
             ]
+            if self.on_chunk is not None:
+                self.on_chunk(
+                    ChunkSubmitted(
+                        index,
+                        len(chunks),
+                        jobs[0].job_id.split("_")[0],
+                        len(chunk),
+                        len(submissions),
+                        len(run_dirs),
+                    )
+                )
         return submissions
+
+    def _parameters(self, layout: TaskLayout | None) -> dict[str, Any]:
+        if layout is None:
+            return self.parameters
+        shared = {k: v for k, v in self.parameters.items() if k != "gpus_per_task"}
+        return {**shared, **layout.parameters()}
 
     def query(self, submissions: list[Submission]) -> dict[str, str]:
         """sacct first, squeue for what accounting does not (yet) know; unreachable: unknown."""
