@@ -337,7 +337,8 @@ def plot_isoflop(fits: dict[str, IsoFlopFit], out_dir: Path) -> list[Path]:
             floor = fit.data.groupby("budget")[fit.loss].min().max()
             ax.set_ylim(fit.data[fit.loss].min() * 0.98, CLIP_ABOVE_ENVELOPE * floor)
         ci = f" [{fit.ci[0]:.2f}, {fit.ci[1]:.2f}]" if fit.ci else ""
-        ax.set_title(f"{config}: a = {fit.a:.3f}{ci}", color=config_color(config))
+        law = f"a = {fit.a:.3f}{ci}" if np.isfinite(fit.a) else "no law"
+        ax.set_title(f"{config}\n{law}", color=config_color(config))
         if fit.flags:
             ax.text(0.03, 0.04, fit.flags[:60], transform=ax.transAxes, fontsize=6)
         _log_axes(ax)

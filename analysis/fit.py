@@ -189,7 +189,7 @@ def log_sum_exp(z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _chinchilla_model(theta: np.ndarray, x: tuple[np.ndarray, ...]):
     a, b, e, alpha, beta = theta
     log_n, log_d = x
-    z = np.stack(np.broadcast_arrays(a - alpha * log_n, b - beta * log_d, e))
+    z = np.stack([a - alpha * log_n, b - beta * log_d, e + np.zeros_like(log_n)])
     pred, w = log_sum_exp(z)
     return pred, np.stack([w[0], w[1], w[2], -w[0] * log_n, -w[1] * log_d])
 
@@ -197,7 +197,7 @@ def _chinchilla_model(theta: np.ndarray, x: tuple[np.ndarray, ...]):
 def _compute_model(theta: np.ndarray, x: tuple[np.ndarray, ...]):
     a, e, gamma = theta
     (log_c,) = x
-    z = np.stack(np.broadcast_arrays(a - gamma * log_c, e))
+    z = np.stack([a - gamma * log_c, e + np.zeros_like(log_c)])
     pred, w = log_sum_exp(z)
     return pred, np.stack([w[0], w[1], -w[0] * log_c])
 
@@ -212,7 +212,7 @@ def _kaplan_model(theta: np.ndarray, x: tuple[np.ndarray, ...]):
     z = beta * inner
     w = expit(z - e)  # the bracket's share of the loss
     jac = [w * alpha * p, w * beta * (1 - p), 1 - w, w * p * s, w * (inner - p * u)]
-    return np.logaddexp(z, e), np.stack(np.broadcast_arrays(*jac))
+    return np.logaddexp(z, e), np.stack(jac)
 
 
 def make_objective(
@@ -484,12 +484,15 @@ class Bootstrap:
 
     def ci_of(self, quantity: Callable[[FitInfo], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """CI of any quantity of the fit (e.g. ``lambda f: f.n_opt(C)``) over the resamples."""
-        values = np.array(
-            [
-                quantity(replace(self.fit, **dict(zip(self.names, s, strict=True))))
-                for s in self.samples
-            ]
-        )
+        # A degenerate resample (e.g. N_opt underflowing to 0) gives inf or nan; the quantiles
+        # below tolerate both, so its warnings would only be noise.
+        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+            values = np.array(
+                [
+                    quantity(replace(self.fit, **dict(zip(self.names, s, strict=True))))
+                    for s in self.samples
+                ]
+            )
         q = (1 - self.level) / 2
         return np.nanquantile(values, q, axis=0), np.nanquantile(values, 1 - q, axis=0)
 

@@ -197,8 +197,12 @@ def fit_isoflop(
         flags.append(f"{used.sum()} budget(s) with an interior minimum: no fit")
     elif used.sum() == 2:
         flags.append("under-determined (2 budgets)")
-    if ci is not None and np.isfinite(a) and ci[1] - ci[0] > abs(a):
-        flags.append("CI wider than value: a")
+    if ci is not None and np.isfinite(a):
+        if ci[1] - ci[0] > abs(a):
+            flags.append("CI wider than value: a")
+        if not ci[0] <= a <= ci[1]:
+            # Resamples that keep other budgets disagree with the fit: it hinges on a few runs.
+            flags.append("estimate outside its bootstrap CI")
     return IsoFlopFit(
         a=float(a),
         k=float(np.exp(log_k)),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,11 @@ from models.checkpoint import checkpoint_path, checkpoint_steps, load_checkpoint
 from models.config import Branch, RunSpec
 
 
-def branch_start_state(branch: Branch, runs_dir: Path) -> dict[str, Any]:
-    """The parent's state at ``branch.step``, reset to start a new run's own records."""
+def branch_start_state(
+    branch: Branch, runs_dir: Path, make_trainer: Callable[[RunSpec, Path], Any]
+) -> dict[str, Any]:
+    """The parent's state at ``branch.step``, reset to start a new run's own records.
+    ``make_trainer(spec, run_dir)`` builds the parent's trainer for a replay."""
     parent_dir = runs_dir / branch.parent
     spec_path = parent_dir / "spec.json"
     if not spec_path.exists():
@@ -29,7 +33,7 @@ def branch_start_state(branch: Branch, runs_dir: Path) -> dict[str, Any]:
             f"branch step {branch.step} is not before the parent's last step {parent.train.steps}"
         )
     state = _exact(parent_dir / "checkpoints", branch.step) or _replay(
-        parent, runs_dir, branch.step
+        parent, runs_dir, branch.step, make_trainer
     )
     tracker = state["tracker"]
     if tracker.get("diverged_step") is not None:
@@ -49,10 +53,10 @@ def _exact(ckpt_dir: Path, step: int) -> dict[str, Any] | None:
         return None
 
 
-def _replay(parent: RunSpec, runs_dir: Path, step: int) -> dict[str, Any]:
+def _replay(
+    parent: RunSpec, runs_dir: Path, step: int, make_trainer: Callable[[RunSpec, Path], Any]
+) -> dict[str, Any]:
     """Retrain the parent from its newest checkpoint before ``step`` up to ``step``."""
-    from models.train import make_trainer
-
     # Hidden folder next to the runs, so a parent that is itself a branch finds its own
     # parent the same way; per process, so concurrent arms never share one.
     scratch = runs_dir / f".replay-{parent.run_id}-{step}-{os.getpid()}"

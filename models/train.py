@@ -5,6 +5,10 @@ first, then the checkpoint that counts it). A resume drops any part the checkpoi
 not count and recomputes those steps, so rows are never lost or duplicated. Batches are a
 pure function of (seed, step) and the schedule a pure function of step, so the
 checkpointed step is the whole data and scheduler position.
+
+Under several processes (models.distributed) every rank builds the same global batch and
+trains on its slice; collectives keep losses, stop requests and divergence decisions the
+same on every rank, and only rank 0 writes metric parts and checkpoints.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import math
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -300,13 +305,12 @@ class Trainer:
         self.mx = mx
         return mx.apply(model, self.spec.precision)
 
-    def resume(self) -> Trainer:
-        """Load the newest own checkpoint, or a branch's start state; drop uncounted parts."""
+    def resume(self, initial: Callable[[], dict[str, Any]] | None = None) -> Trainer:
+        """Load the newest own checkpoint, else ``initial()`` when given (a branch's start
+        state); drop metric parts no checkpoint counts."""
         state = load_latest(self.ckpt_dir)
-        if state is None and self.spec.branch is not None:
-            from models.branch import branch_start_state
-
-            state = branch_start_state(self.spec.branch, self.run_dir.parent)
+        if state is None and initial is not None:
+            state = initial()
         if state is not None:
             self.load_state(state)
         if self.world.is_main:
@@ -505,17 +509,3 @@ class Trainer:
 def _finite(value: float | None) -> float | None:
     """JSON has no NaN/Inf: non-finite losses of a diverged run become None."""
     return value if value is not None and math.isfinite(value) else None
-
-
-def make_trainer(spec: RunSpec, run_dir: Path, reporter: Reporter | None = None) -> Trainer:
-    """The trainer a spec needs (paired FP32/MX for a paired proxy), resumed from its files."""
-    if isinstance(spec.model, ProxyConfig) and spec.model.paired:
-        from models.paired import PairedTrainer
-
-        return PairedTrainer(spec, run_dir, reporter).resume()
-    return Trainer(spec, run_dir, reporter).resume()
-
-
-def train_run(spec: RunSpec, run_dir: Path, reporter: Reporter | None = None) -> dict:
-    """Train (resuming from run_dir/checkpoints if present); return the summary dict."""
-    return make_trainer(spec, run_dir, reporter).run()

@@ -33,10 +33,11 @@ HEARTBEAT_EVERY_S = 5.0
 class StateWriter:
     """Writes state.json for one attempt; throttles heartbeats so they cost nothing."""
 
-    def __init__(self, run_dir: Path, total_steps: int, attempt: int):
+    def __init__(self, run_dir: Path, total_steps: int, attempt: int, processes: int = 1):
         self.path = run_dir / "state.json"
         self.total_steps = total_steps
         self.attempt = attempt
+        self.processes = processes
         self.started = time.time()
         self._last_write = 0.0
         self._last_loss: float | None = None
@@ -55,7 +56,8 @@ class StateWriter:
                 "last_loss": self._last_loss,
                 "first_step_at": self._first_step_at,
                 "host": socket.gethostname(),
-                "pid": os.getpid(),
+                "pid": os.getpid(),  # rank 0's: a stop signal to it reaches every rank
+                "processes": self.processes,
                 **extra,
             },
         )
@@ -92,11 +94,12 @@ def execute(run_dir: str | Path) -> int:
 
 def _lead(spec: RunSpec, run_dir: Path, marker: dict, world: World) -> int:
     """Rank 0 (or the only process): train and write the run's markers."""
-    from models.train import Preempted, train_run
+    from models.runner import train_run
+    from models.train import Preempted
 
     submitted = read_json_if_exists(run_dir / "submitted.json") or {}
     attempt = max(int(submitted.get("attempt", 1)), int(marker.get("attempt", 0)))
-    writer = StateWriter(run_dir, spec.train.steps, attempt)
+    writer = StateWriter(run_dir, spec.train.steps, attempt, world.size)
     cancelled = _cancel_requested(run_dir, attempt)
     world.from_main(not cancelled)
     if cancelled:
@@ -143,7 +146,8 @@ def _lead(spec: RunSpec, run_dir: Path, marker: dict, world: World) -> int:
 
 def _follow(spec: RunSpec, run_dir: Path) -> int:
     """A rank other than 0: train in step with rank 0, write nothing."""
-    from models.train import Preempted, train_run
+    from models.runner import train_run
+    from models.train import Preempted
 
     try:
         train_run(spec, run_dir)

@@ -11,7 +11,8 @@ from pydantic import ValidationError
 from models.config import ProxyConfig, RunSpec
 from models.paired import gradient_bias
 from models.proxy import Student, TeacherData
-from models.train import lr_at, train_run
+from models.runner import train_run
+from models.train import lr_at
 from models.transformer import count_params
 from mx.arms import ARMS, apply_arm
 from mx.spec import PrecisionSpec

@@ -4,7 +4,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from models.config import LMConfig, RunSpec, SyntheticData, TrainConfig
-from models.train import train_run
+from models.runner import train_run
 from mx.spec import PrecisionSpec
 
 FP8 = PrecisionSpec(w_fmt="fp8_e4m3", a_fmt="fp8_e4m3", elementwise="bf16", ln="bf16")

@@ -11,7 +11,7 @@ import pytest
 
 from models.checkpoint import checkpoint_steps
 from models.config import LMConfig, RunSpec, SyntheticData, TrainConfig
-from models.train import train_run
+from models.runner import train_run
 
 ROOT = Path(__file__).resolve().parents[1]
 PREEMPTED_EXIT = 3
@@ -20,7 +20,8 @@ CHILD = f"""
 import sys, time
 from pathlib import Path
 from models.config import RunSpec
-from models.train import Preempted, train_run
+from models.runner import train_run
+from models.train import Preempted
 
 class Slow:
     def progress(self, step, total_steps, loss):

@@ -7,7 +7,8 @@ import pytest
 
 from models.config import LMConfig, RunSpec, SyntheticData, TrainConfig
 from models.metrics import SCHEMA
-from models.train import lr_at, train_run
+from models.runner import train_run
+from models.train import lr_at
 
 
 def _spec(**train):

@@ -52,7 +52,7 @@ def _warm_worker(threads: int) -> None:
     """Pool initializer: pay torch's import once per worker, not once per run."""
     import torch
 
-    import models.train  # noqa: F401
+    import models.runner  # noqa: F401
 
     torch.set_num_threads(threads)
 
@@ -132,16 +132,17 @@ def _failed(code: int | None) -> bool:
 
 @contextlib.contextmanager
 def _forwarding(children: list[subprocess.Popen]) -> Iterator[None]:
-    """Forward SIGTERM/SIGUSR2 to the children while inside (main thread only)."""
+    """Forward SIGTERM/SIGUSR2 to the children while inside, and SIGINT (Ctrl-C) as SIGTERM:
+    they checkpoint and stop (main thread only)."""
 
     def forward(signum: int, _frame: object) -> None:
         for child in children:
             if child.poll() is None:
-                child.send_signal(signum)
+                child.send_signal(signal.SIGTERM if signum == signal.SIGINT else signum)
 
     previous = {}
     if threading.current_thread() is threading.main_thread():
-        previous = {sig: signal.signal(sig, forward) for sig in _STOP_SIGNALS}
+        previous = {sig: signal.signal(sig, forward) for sig in (*_STOP_SIGNALS, signal.SIGINT)}
     try:
         yield
     finally:
