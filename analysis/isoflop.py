@@ -185,19 +185,22 @@ def fit_isoflop(
     log_c = np.log(budgets["budget"].to_numpy(float))
     used = budgets["used"].to_numpy(bool)
     (a,), (log_k,) = _slopes(log_c, np.log(budgets["n_opt"].to_numpy(float))[None], used[None])
-    ci = None
-    if boot_log_n:
-        slopes = _slopes(log_c, np.column_stack(boot_log_n), np.column_stack(boot_used))[0]
-        slopes = slopes[np.isfinite(slopes)]
-        if len(slopes) >= 2:
-            q = (1 - level) / 2
-            ci = (float(np.quantile(slopes, q)), float(np.quantile(slopes, 1 - q)))
-    flags = []
+    ci, flags = None, []
     if used.sum() < 2:
         flags.append(f"{used.sum()} budget(s) with an interior minimum: no fit")
     elif used.sum() == 2:
         flags.append("under-determined (2 budgets)")
-    if ci is not None and np.isfinite(a):
+    if boot_log_n and np.isfinite(a):
+        slopes = _slopes(log_c, np.column_stack(boot_log_n), np.column_stack(boot_used))[0]
+        slopes = slopes[np.isfinite(slopes)]
+        # With ~3 runs per budget most resamples repeat a size and lose that budget; the few
+        # that remain are near-copies of the data and would give a falsely narrow CI.
+        if len(slopes) >= n_boot / 2:
+            q = (1 - level) / 2
+            ci = (float(np.quantile(slopes, q)), float(np.quantile(slopes, 1 - q)))
+        else:
+            flags.append("no bootstrap CI: too few runs per budget to resample")
+    if ci is not None:
         if ci[1] - ci[0] > abs(a):
             flags.append("CI wider than value: a")
         if not ci[0] <= a <= ci[1]:

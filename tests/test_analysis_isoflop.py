@@ -113,6 +113,14 @@ def test_two_budgets_are_flagged_under_determined():
     assert "under-determined (2 budgets)" in fit.flags and not fit.trustworthy
 
 
+def test_three_runs_per_budget_give_no_bootstrap_ci():
+    # Resampling 3 runs mostly repeats one and loses the budget; a CI from the rest would be
+    # near zero width, so there is none and the fit says why.
+    fit = fit_isoflop(isoflop_frame(lambda C: LAW.n_opt(C) * np.array([0.3, 1.0, 3.0])))
+    assert fit.a == pytest.approx(TRUE_A, abs=1e-9)
+    assert fit.ci is None and "no bootstrap CI" in fit.flags and not fit.trustworthy
+
+
 def test_diverged_runs_drop_out():
     frame = isoflop_frame(lambda C: LAW.n_opt(C) * np.geomspace(0.25, 4, 7))
     frame.loc[frame.index[::7], "min_val_loss"] = np.nan
