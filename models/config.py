@@ -182,6 +182,10 @@ class TrainConfig(_Frozen):
     divergence_window: int = Field(default=50, gt=0)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int | None = Field(default=None, gt=0)
+    # Dtype policy (models.dtypes): autocast of the forward passes and the dtype the layers
+    # see the (fp32 master) weights in; FP32 twins and the full_precision arm ignore both.
+    autocast: Literal["auto", "bf16", "none"] = "auto"
+    param_dtype: Literal["fp32", "bf16"] = "fp32"
 
     @model_validator(mode="after")
     def _micro_divides(self) -> TrainConfig:
@@ -239,7 +243,12 @@ class Branch(_Frozen):
 
 # Fields added after run ids were first handed out: omitted from the hash while they hold
 # their default, so earlier specs keep their ids.
-_HASH_OMIT_IF_DEFAULT = {("train", "schedule"): "cosine", ("branch",): None}
+_HASH_OMIT_IF_DEFAULT = {
+    ("train", "schedule"): "cosine",
+    ("branch",): None,
+    ("train", "autocast"): "auto",
+    ("train", "param_dtype"): "fp32",
+}
 # Fields that cannot change a run's result.
 _HASH_NEVER = (("train", "keep_checkpoints_every"),)
 

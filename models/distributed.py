@@ -182,8 +182,8 @@ def resolve_strategy(requested: str, n_params: int) -> str:
     return "fsdp" if n_params >= FSDP_AUTO_MIN_PARAMS else "ddp"
 
 
-class LossOf(nn.Module):
-    """``forward(batch)`` is ``model.loss(batch)``: DDP and FSDP hook calls, not methods."""
+class _Loss(nn.Module):
+    """``forward(batch)`` is ``model.loss(batch)`` (what ``functional_call`` calls)."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
@@ -193,25 +193,60 @@ class LossOf(nn.Module):
         return self.model.loss(batch)
 
 
-def parallelize(model: nn.Module, world: World, strategy: str, device: torch.device) -> nn.Module:
+class LossOf(nn.Module):
+    """``forward(batch)`` is ``model.loss(batch)``: DDP and FSDP hook calls, not methods.
+
+    With ``param_dtype`` the loss is computed with copies of the parameters cast to it, so
+    gradients reach the (fp32 master) parameters through the cast: FSDP's mixed precision
+    for one process or DDP (a sharded network casts in FSDP instead).
+    """
+
+    def __init__(self, model: nn.Module, param_dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.model = model
+        self.param_dtype = param_dtype
+
+    def forward(self, batch: Any) -> torch.Tensor:
+        if self.param_dtype is None:
+            return self.model.loss(batch)
+        cast = {
+            f"model.{name}": param.to(self.param_dtype)
+            for name, param in self.model.named_parameters()
+        }
+        return torch.func.functional_call(_Loss(self.model), cast, (batch,))
+
+
+def parallelize(
+    model: nn.Module,
+    world: World,
+    strategy: str,
+    device: torch.device,
+    param_dtype: torch.dtype = torch.float32,
+) -> nn.Module:
     """The module to call for the loss: ``LossOf(model)``, wrapped in DDP or fully sharded
     (each residual block, then the whole) when several ranks train. ``model`` must already
-    sit on ``device``; FSDP shards it in place, keeping its parameter names."""
-    net = LossOf(model)
+    sit on ``device``; FSDP shards it in place, keeping its parameter names.
+
+    ``param_dtype`` is what the layers compute with, the same on every path: fp32 master
+    weights in the optimizer, gradients averaged over ranks in fp32.
+    """
+    cast = None if param_dtype == torch.float32 else param_dtype
     if world.size == 1:
-        return net
+        return LossOf(model, cast)
     if strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
         ids = [device.index] if device.type == "cuda" else None
         # The only buffers are constant RoPE tables: nothing to broadcast each step.
-        return DistributedDataParallel(net, device_ids=ids, forward_sync_buffers=False)
+        return DistributedDataParallel(
+            LossOf(model, cast), device_ids=ids, forward_sync_buffers=False
+        )
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    policy = (
-        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        if device.type == "cuda"
-        else MixedPrecisionPolicy()
+    net = LossOf(model)
+    # Inputs keep their dtype (as in one process): casting the RoPE tables would change them.
+    policy = MixedPrecisionPolicy(
+        param_dtype=cast, reduce_dtype=torch.float32, cast_forward_inputs=False
     )
     for block in getattr(model, "blocks", []):
         fully_shard(block, mp_policy=policy)

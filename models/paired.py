@@ -53,7 +53,10 @@ class PairedTrainer(Trainer):
 
     def _quantized(self, model: nn.Module) -> nn.Module:
         # mx.apply shares the Parameter objects, so the twin must be copied before it.
-        self.twin = Replica(copy.deepcopy(model), self.cfg, self.device)
+        # The twin is the FP32 reference: no autocast, fp32 weights, whatever train says.
+        self.twin = Replica(
+            copy.deepcopy(model), self.cfg, self.device, autocast="none", param_dtype="fp32"
+        )
         return super()._quantized(model)
 
     def _before_update(self, batch: Batch, log: bool) -> dict[str, float]:

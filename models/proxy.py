@@ -42,6 +42,9 @@ class StudentBlock(nn.Module):
         self.fc2 = nn.Linear(hidden, d, bias=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # bf16 weights (train.param_dtype) take bf16 inputs, as the LM's embedding gives
+        # them; read here, where FSDP has gathered the block's weights. No-op for fp32.
+        x = x.to(self.fc1.weight.dtype)
         return x + self.fc2(self.act(self.fc1(self.ln(x))))
 
 

@@ -41,6 +41,14 @@ from models.distributed import (
     parallelize,
     resolve_strategy,
 )
+from models.dtypes import (
+    Autocast,
+    ParamDtype,
+    autocast_context,
+    resolve_autocast,
+    resolve_param_dtype,
+    torch_dtype,
+)
 from models.flops import lm_attention_flops_per_token, training_flops
 from models.metrics import MetricsWriter, drop_parts_from
 from models.transformer import TransformerLM, count_params
@@ -188,10 +196,12 @@ class Replica:
         device: torch.device,
         world: World | None = None,
         strategy: str = "ddp",
+        autocast: Autocast = "none",
+        param_dtype: ParamDtype = "fp32",
     ) -> None:
         self.model, self.cfg, self.device = model.to(device), cfg, device
         self.world = world or World()
-        self.net = parallelize(self.model, self.world, strategy, device)
+        self.net = parallelize(self.model, self.world, strategy, device, torch_dtype(param_dtype))
         # Built after sharding: FSDP replaces the parameters by their shards.
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
@@ -202,11 +212,7 @@ class Replica:
             foreach=True,
         )
         self.micro = cfg.micro_batch_size or cfg.batch_size
-        self.autocast = (
-            torch.autocast("cuda", dtype=torch.bfloat16)
-            if device.type == "cuda"
-            else contextlib.nullcontext()
-        )
+        self.autocast = autocast_context(autocast, device)
 
     def forward_backward(self, batch: Batch) -> torch.Tensor:
         """Accumulate the gradient of the mean loss over ``batch`` (this rank's slice; the
@@ -283,7 +289,17 @@ class Trainer:
         self.ln_modules = [n for n, m in model.named_modules() if isinstance(m, nn.LayerNorm)]
         self.mx = None
         strategy = resolve_strategy(spec.resources.strategy, count_params(model))
-        self.main = Replica(self._quantized(model), self.cfg, self.device, self.world, strategy)
+        self.autocast = resolve_autocast(spec, self.device)
+        self.param_dtype = resolve_param_dtype(spec)
+        self.main = Replica(
+            self._quantized(model),
+            self.cfg,
+            self.device,
+            self.world,
+            strategy,
+            autocast=self.autocast,
+            param_dtype=self.param_dtype,
+        )
         self.model = self.main.model
         self.n_params = count_params(self.model)
         self.eval_every = self.cfg.eval_every or max(1, self.cfg.steps // 10)
@@ -503,6 +519,8 @@ class Trainer:
             "parent": branch.parent if branch else None,
             "branch_step": branch.step if branch else None,
             "arm": branch.arm if branch else None,
+            "autocast": self.autocast,
+            "param_dtype": self.param_dtype,
         }
 
 

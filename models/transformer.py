@@ -24,10 +24,11 @@ def rope_tables(seq_len: int, head_dim: int, base: float = 10000.0) -> tuple[tor
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate (B, H, T, hd) queries or keys by position."""
+    """Rotate (B, H, T, hd) queries or keys by position (in fp32 tables, returned in x's
+    dtype so bf16 queries and keys stay bf16 like the values)."""
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+    return (x * cos + rotated * sin).to(x.dtype)
 
 
 class Attention(nn.Module):

@@ -67,6 +67,32 @@ def _rate(x: torch.Tensor, fmt: str, spec: PrecisionSpec) -> float:
     return clip_rate(x, fmt, block_size=spec.block_size, scale_rule=spec.scale_rule)
 
 
+def gemm_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    """The dtype a QuantLinear's three GEMMs compute and return in.
+
+    Under autocast on ``x``'s device: autocast's dtype (bf16), as a GPU MX kernel does.
+    Otherwise the wider of the input's and the weight's dtypes (fp32 + bf16 -> fp32).
+    """
+    device = x.device.type
+    if torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return torch.promote_types(x.dtype, weight.dtype)
+
+
+def _operand(
+    t: torch.Tensor, fmt: str, spec: PrecisionSpec, axis: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """A GEMM operand: ``t`` quantized from its own values (never pre-rounded to ``dtype``,
+    so the MX values equal fp32 mode's for equal inputs), then cast to the GEMM dtype
+    (exact for MX elements of <= 7 mantissa bits at normal scales)."""
+    return _quant(t, fmt, spec, axis).to(dtype)
+
+
+def _rounded_operand(t: torch.Tensor, spec: PrecisionSpec, dtype: torch.dtype) -> torch.Tensor:
+    """A backward GEMM operand when the backward is not MX-quantized."""
+    return _round_elementwise(t, spec).to(dtype)
+
+
 class _MXLinearFn(torch.autograd.Function):
     """y = Q(x) Q(W)^T + b with all three GEMMs quantized along the paper's axes.
 
@@ -74,41 +100,52 @@ class _MXLinearFn(torch.autograd.Function):
     blocked along the token axis. Input gradient: grad_output along out_features and W
     along out_features (dim 0). The unquantized x and W are saved and re-quantized in the
     backward formats; the rounding itself is straight-through.
+
+    Inputs, weights and gradients may be any mix of fp32/bf16: each is quantized from its
+    own values, the GEMMs run with autocast off in ``gemm_dtype`` (fixed at forward time,
+    the backward uses the same), and gradients come back in their input's dtype.
     """
 
     @staticmethod
     def forward(ctx, x, weight, bias, spec: PrecisionSpec):
-        ctx.spec = spec
-        ctx.has_bias = bias is not None
+        dtype = gemm_dtype(x, weight)
+        ctx.spec, ctx.dtype = spec, dtype
+        ctx.bias_dtype = None if bias is None else bias.dtype
         ctx.save_for_backward(x, weight)
-        y = F.linear(_quant(x, spec.a_fmt, spec, -1), _quant(weight, spec.w_fmt, spec, -1))
-        y = _round_elementwise(y, spec)
-        if bias is not None:
-            y = _round_elementwise(y + bias, spec)
+        with torch.autocast(x.device.type, enabled=False):
+            y = F.linear(
+                _operand(x, spec.a_fmt, spec, -1, dtype),
+                _operand(weight, spec.w_fmt, spec, -1, dtype),
+            )
+            y = _round_elementwise(y, spec)
+            if bias is not None:
+                y = _round_elementwise(y + bias.to(dtype), spec)
         return y
 
     @staticmethod
     def backward(ctx, grad_out):
         spec: PrecisionSpec = ctx.spec
+        dtype = ctx.dtype
         x, weight = ctx.saved_tensors
         g2d = grad_out.reshape(-1, grad_out.shape[-1])
         x2d = x.reshape(-1, x.shape[-1])
         if spec.quantize_backward:
-            g_in = _quant(g2d, spec.grad_fmt, spec, -1)
-            w_in = _quant(weight, spec.bwd_w_fmt, spec, 0)
-            g_w = _quant(g2d, spec.grad_fmt, spec, 0)
-            x_w = _quant(x2d, spec.bwd_a_fmt, spec, 0)
+            g_in = _operand(g2d, spec.grad_fmt, spec, -1, dtype)
+            w_in = _operand(weight, spec.bwd_w_fmt, spec, 0, dtype)
+            g_w = _operand(g2d, spec.grad_fmt, spec, 0, dtype)
+            x_w = _operand(x2d, spec.bwd_a_fmt, spec, 0, dtype)
         else:
-            g_in = g_w = _round_elementwise(g2d, spec)
-            w_in = _round_elementwise(weight, spec)
-            x_w = _round_elementwise(x2d, spec)
+            g_in = g_w = _rounded_operand(g2d, spec, dtype)
+            w_in = _rounded_operand(weight, spec, dtype)
+            x_w = _rounded_operand(x2d, spec, dtype)
         grad_x = grad_w = grad_b = None
-        if ctx.needs_input_grad[0]:
-            grad_x = _round_elementwise(g_in @ w_in, spec).reshape(x.shape)
-        if ctx.needs_input_grad[1]:
-            grad_w = _round_elementwise(g_w.t() @ x_w, spec)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_b = g2d.sum(0)
+        with torch.autocast(x.device.type, enabled=False):
+            if ctx.needs_input_grad[0]:
+                grad_x = _round_elementwise(g_in @ w_in, spec).reshape(x.shape).to(x.dtype)
+            if ctx.needs_input_grad[1]:
+                grad_w = _round_elementwise(g_w.t() @ x_w, spec).to(weight.dtype)
+            if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
+                grad_b = g2d.sum(0, dtype=torch.float32).to(ctx.bias_dtype)
         return grad_x, grad_w, grad_b, None
 
 
