@@ -154,6 +154,7 @@ def test_paired_twin_equals_a_plain_fp32_run_bit_for_bit_with_autocast_on(tmp_pa
     summary = train_run(mx_spec, tmp_path / "mx")
     train_run(plain, tmp_path / "plain")
     assert summary["autocast"] == "bf16" and summary["param_dtype"] == "bf16"
-    twin, fp32 = metric(tmp_path / "mx", "paired/fp32_loss"), metric(tmp_path / "plain", "train/loss")
+    twin = metric(tmp_path / "mx", "paired/fp32_loss")
+    fp32 = metric(tmp_path / "plain", "train/loss")
     assert len(twin) == 8 and twin == fp32
     assert metric(tmp_path / "mx", "train/loss") != fp32
