@@ -8,7 +8,7 @@ FIG_DIR ?= figures
 export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 
-.PHONY: venv demo test test-fast lint figures bench clean slurm-up slurm-down proxy-cpu proxy-paper
+.PHONY: venv demo test test-fast lint figures bench gpu-check clean slurm-up slurm-down proxy-cpu proxy-paper
 
 venv: $(STAMP)
 
@@ -66,6 +66,12 @@ figures: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run_all
+
+# On a machine with one GPU (< 8 min on an H100/H200): see bench/gpu_check.py and README.
+# `make gpu-check GPU_CHECK_ARGS="--device cpu --quick"` runs it small on CPU.
+GPU_CHECK_ARGS ?=
+gpu-check: $(STAMP)
+	$(BIN)/python -m bench.gpu_check --out . $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) sweeps figures .pytest_cache

@@ -150,7 +150,7 @@ def joined(expected: int) -> Iterator[World]:
     if cuda:
         torch.cuda.set_device(cuda_device(world))
     dist.init_process_group(
-        "cuda:nccl,cpu:gloo" if cuda else "gloo",
+        backend(cuda),
         init_method=f"tcp://{rendezvous.address}:{rendezvous.port}",
         rank=world.rank,
         world_size=world.size,
@@ -159,6 +159,11 @@ def joined(expected: int) -> Iterator[World]:
         yield world
     finally:
         dist.destroy_process_group()
+
+
+def backend(cuda: bool) -> str:
+    """The process-group backend of a run: NCCL for CUDA tensors plus gloo for CPU ones."""
+    return "cuda:nccl,cpu:gloo" if cuda else "gloo"
 
 
 def cuda_device(world: World) -> torch.device:
@@ -225,13 +230,15 @@ def parallelize(
 ) -> nn.Module:
     """The module to call for the loss: ``LossOf(model)``, wrapped in DDP or fully sharded
     (each residual block, then the whole) when several ranks train. ``model`` must already
-    sit on ``device``; FSDP shards it in place, keeping its parameter names.
+    sit on ``device``; FSDP shards it in place, keeping its parameter names. Alone, without
+    a process group, it stays unwrapped.
 
     ``param_dtype`` is what the layers compute with, the same on every path: fp32 master
     weights in the optimizer, gradients averaged over ranks in fp32.
     """
     cast = None if param_dtype == torch.float32 else param_dtype
-    if world.size == 1:
+    # A one-rank process group (bench.gpu_check) takes the multi-rank path on purpose.
+    if world.size == 1 and not (dist.is_available() and dist.is_initialized()):
         return LossOf(model, cast)
     if strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel
