@@ -11,6 +11,7 @@ from the ``MX_FAST`` environment variable ("auto", "on", "off") or ``set_mode``.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import shutil
 import types
@@ -63,9 +64,15 @@ def _wants_compile(blocks: torch.Tensor) -> bool:
         return True
     if _mode != "auto":
         raise ValueError(f"MX_FAST={_mode!r} is not one of: {', '.join(MODES)}")
-    if blocks.device.type == "cpu" and shutil.which(os.environ.get("CC", "gcc")) is None:
+    if blocks.numel() < MIN_NUMEL:
         return False
-    return blocks.numel() >= MIN_NUMEL
+    return blocks.device.type != "cpu" or _has_c_compiler(os.environ.get("CC", "gcc"))
+
+
+@functools.cache
+def _has_c_compiler(name: str) -> bool:
+    # Looked up once per process: a PATH scan per call cost more than small quantizes.
+    return shutil.which(name) is not None
 
 
 def _compile(kernel: Callable[..., torch.Tensor], options: tuple) -> Callable[..., torch.Tensor]:
