@@ -89,6 +89,15 @@ class Teacher(nn.Module):
         return self.net(x)
 
 
+def _changes_linear(precision: PrecisionSpec | None) -> bool:
+    """Whether ``precision`` changes what a Linear/GELU computes (the teacher has no LN)."""
+    if precision is None:
+        return False
+    p = precision
+    formats = {p.w_fmt, p.a_fmt, p.grad_fmt, p.bwd_w_fmt, p.bwd_a_fmt}
+    return formats != {"fp32"} or p.elementwise != "none" or p.pre_round != "none"
+
+
 class TeacherData:
     """Batches as a pure function of (seed, step): x ~ N(0, I), y = teacher(x) + noise."""
 
@@ -112,7 +121,7 @@ class TeacherData:
         # teacher_precision "student": training targets through the student's MX ops, as the
         # paper's global monkeypatching did (validation targets stay FP32).
         self.train_teacher = self.teacher
-        if cfg.teacher_precision == "student" and precision is not None and not precision.is_noop:
+        if cfg.teacher_precision == "student" and _changes_linear(precision):
             import mx
 
             self.train_teacher = mx.apply(copy.deepcopy(self.teacher), precision)

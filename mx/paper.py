@@ -52,7 +52,7 @@ def _bump_scaled(blocks: torch.Tensor, fmt: str):
 def bump_quantize(
     x: torch.Tensor, fmt: str, *, block_size: int, axis: int, rounding: str
 ) -> torch.Tensor:
-    """Fake-quantize ``x`` with the paper's exponent bump (``quantize(scale_rule="paper_bump")``)."""
+    """Fake-quantize ``x`` with the paper's exponent bump (scale_rule "paper_bump")."""
     blocks, restore = _to_blocks(x, block_size, axis)
     bad_block, exp, scaled, info = _bump_scaled(blocks, fmt)
     mag = _round_magnitude(scaled.abs(), info, rounding).clamp_max(info.max_normal)

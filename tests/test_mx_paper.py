@@ -99,7 +99,8 @@ def test_ocp_linear_differs_from_the_papers():
 
 
 @pytest.mark.parametrize(
-    "name, arm", [("bf16", "control"), ("noq", "paper_no_ln_quant"), ("no_bp_quant", "paper_no_bwd_quant")]
+    "name, arm",
+    [("bf16", "control"), ("noq", "paper_no_ln_quant"), ("no_bp_quant", "paper_no_bwd_quant")],
 )
 def test_paper_layer_norm_is_bit_exact_and_has_no_bias_gradient(name, arm):
     got, ln = _layer_norm(apply_arm(arm, PAPER))

@@ -21,8 +21,11 @@ TRAIN = {"steps": 8, "batch_size": 64, "lr": 1e-2, "schedule": "constant", "warm
 
 def _final_ln_biases(precision: dict, tmp_path, **model) -> list[torch.Tensor]:
     spec = RunSpec.model_validate(
-        {"model": {"kind": "proxy", "depth": 2, "width": 32, **model}, "train": TRAIN,
-         "precision": precision}  # fmt: skip
+        {
+            "model": {"kind": "proxy", "depth": 2, "width": 32, **model},
+            "train": TRAIN,
+            "precision": precision,
+        }  # fmt: skip
     )
     train_run(spec, tmp_path)
     state = torch.load(next((tmp_path / "checkpoints").rglob("*.pt")), weights_only=False)

@@ -1,6 +1,7 @@
 """Regenerate the paper-op fixtures from the paper's own code (not part of the test suite).
 
-    git --git-dir=/work/.mirror/Hither1+systems-scaling/repo archive HEAD olmo/mx | tar -x -C /tmp/paper
+    G=/work/.mirror/Hither1+systems-scaling/repo
+    git --git-dir=$G archive HEAD olmo/mx | tar -x -C /tmp/paper
     python tests/data/paper_ops/make_fixtures.py /tmp/paper/olmo tests/data/paper_ops/fixtures.pt
 
 Runs the paper's pure-PyTorch path on CPU (its `mx` package first on sys.path) on fixed
@@ -48,19 +49,27 @@ TWO_D = {"bump"}
 
 def main(paper_olmo: str, out: str) -> None:
     sys.path.insert(0, paper_olmo)
-    from mx.formats import ElemFormat
     from mx.layernorm import layer_norm
     from mx.linear import linear
     from mx.mx_ops import _quantize_mx
     from mx.specs import finalize_mx_specs
 
+    from mx.formats import ElemFormat
+
     def specs(**over):
         base = {
-            "w_elem_format": "fp8_e4m3", "a_elem_format": "fp8_e4m3",
-            "w_elem_format_bp": "fp8_e4m3", "a_elem_format_bp_ex": "fp8_e4m3",
-            "a_elem_format_bp_os": "fp8_e4m3", "block_size": 32, "scale_bits": 8,
-            "custom_cuda": False, "quantize_backprop": True, "bfloat": 16,
-            "bump_up_overflow_exponent": False, "dont_quantize_layernorm": False,
+            "w_elem_format": "fp8_e4m3",
+            "a_elem_format": "fp8_e4m3",
+            "w_elem_format_bp": "fp8_e4m3",
+            "a_elem_format_bp_ex": "fp8_e4m3",
+            "a_elem_format_bp_os": "fp8_e4m3",
+            "block_size": 32,
+            "scale_bits": 8,
+            "custom_cuda": False,
+            "quantize_backprop": True,
+            "bfloat": 16,
+            "bump_up_overflow_exponent": False,
+            "dont_quantize_layernorm": False,
             "dont_quantize_gelu": False,
         }
         return finalize_mx_specs({**base, **over})
@@ -69,8 +78,13 @@ def main(paper_olmo: str, out: str) -> None:
     res: dict[str, torch.Tensor] = dict(data)
     for axis in (-1, 0):
         res[f"bump_out_axis{axis}"] = _quantize_mx(
-            data["bump"], 8, ElemFormat.fp8_e4m3, axes=[axis], block_size=32,
-            round="nearest", bump_up_overflow_exponent=True,
+            data["bump"],
+            8,
+            ElemFormat.fp8_e4m3,
+            axes=[axis],
+            block_size=32,
+            round="nearest",
+            bump_up_overflow_exponent=True,
         )
     for name, over in LINEAR_CASES.items():
         shape_x, shape_g = (-1, 64), (-1, 48)
@@ -81,10 +95,19 @@ def main(paper_olmo: str, out: str) -> None:
         b = data["b"].clone().requires_grad_()
         y = linear(x, w, b, mx_specs=specs(**over))
         y.backward(data["gy"].reshape(shape_g))
-        res.update({f"lin_{name}_y": y.detach(), f"lin_{name}_gx": x.grad,
-                    f"lin_{name}_gw": w.grad, f"lin_{name}_gb": b.grad})
-    for name, over in {"bf16": {}, "noq": {"dont_quantize_layernorm": True},
-                       "no_bp_quant": {"quantize_backprop": False}}.items():
+        res.update(
+            {
+                f"lin_{name}_y": y.detach(),
+                f"lin_{name}_gx": x.grad,
+                f"lin_{name}_gw": w.grad,
+                f"lin_{name}_gb": b.grad,
+            }
+        )
+    for name, over in {
+        "bf16": {},
+        "noq": {"dont_quantize_layernorm": True},
+        "no_bp_quant": {"quantize_backprop": False},
+    }.items():
         x = data["ln_x"].clone().requires_grad_()
         w = data["ln_w"].clone().requires_grad_()
         b = data["ln_b"].clone().requires_grad_()
