@@ -37,7 +37,9 @@ class PrecisionSpec(BaseModel):
     Backward formats default to the forward ones. ``quantize_backward=False`` is the paper's
     forward-only mitigation. ``ln`` says how LayerNorm affine parameters are treated:
     quantized in real MX blocks ("mx"), rounded to bf16 ("bf16", what the paper's code did)
-    or left alone ("none").
+    or left alone ("none"). ``profile: paper`` fills ``pre_round``, ``ln_bias_grad`` and
+    ``ln_internals`` with what the paper's code ran (see mx.paper); ``ocp`` (default) with
+    the corrected behaviour.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
