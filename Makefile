@@ -8,7 +8,7 @@ FIG_DIR ?= figures
 export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 
-.PHONY: venv demo test test-fast lint figures bench gpu-check clean slurm-up slurm-down proxy-cpu proxy-paper
+.PHONY: venv demo test test-fast lint figures bench gpu-check clean slurm-up slurm-down proxy-cpu proxy-paper proxy-confound proxy-confound-cpu proxy-paper-interventions
 
 venv: $(STAMP)
 
@@ -75,3 +75,27 @@ gpu-check: $(STAMP)
 
 clean:
 	rm -rf $(VENV) sweeps figures .pytest_cache
+
+# The LN-bias confound study: the same seeds in FP32, FP32 with a frozen LN bias, MX under
+# the paper profile and MX with a trained LN bias; which diverge and when. GPU-sized grid
+# (grids/proxy_confound.yaml); `make proxy-confound-cpu` runs the CPU-sized one.
+CONFOUND_GRID ?= grids/proxy_confound.yaml
+CONFOUND_DIR ?= sweeps/$(basename $(notdir $(CONFOUND_GRID)))
+proxy-confound: $(STAMP)
+	$(BIN)/sweep launch $(CONFOUND_GRID) --sweep-dir $(CONFOUND_DIR) --executor $(PROXY_EXECUTOR)
+	$(BIN)/sweep status $(CONFOUND_DIR) --no-runs
+	$(BIN)/sweep analyze $(CONFOUND_DIR) --table confound --plot confound --out $(CONFOUND_DIR)/figures
+	@echo "confound table: $(CONFOUND_DIR)/figures/confound.md"
+
+proxy-confound-cpu:
+	$(MAKE) proxy-confound CONFOUND_GRID=grids/proxy_confound_cpu.yaml
+
+# The paper's in-situ interventions (GPU): its canonical run, branched at MX steps 4500 and
+# 4700 with the paper's arms; then its from-scratch LN-fix runs.
+proxy-paper-interventions: $(STAMP)
+	$(BIN)/sweep launch grids/proxy_paper_canonical.yaml --sweep-dir sweeps/proxy_paper_canonical
+	$(BIN)/sweep intervene $$(ls sweeps/proxy_paper_canonical/runs) \
+		--sweep-dir sweeps/proxy_paper_canonical --at 4700 --before 0 --before 200 --arms paper
+	$(BIN)/sweep launch grids/proxy_paper_ln_fix.yaml --sweep-dir sweeps/proxy_paper_ln_fix
+	$(BIN)/sweep analyze sweeps/proxy_paper_canonical --plot interventions --table interventions \
+		--out sweeps/proxy_paper_canonical/figures

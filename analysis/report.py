@@ -11,6 +11,7 @@ import pandas as pd
 
 from analysis import figures
 from analysis import tables as tbl
+from analysis.confound import confound_runs, confound_table, plot_confound
 from analysis.index import write_index
 from analysis.instability import DEFAULT, Thresholds, classify_runs, frequency_table
 from analysis.interventions import describe, outcome_counts, outcome_table, plot_interventions
@@ -29,8 +30,9 @@ PLOTS = (
     "paired",
     "interventions",
     "isoflop",
+    "confound",
 )
-TABLES = ("fits", "instability", "mitigations", "interventions", "paired", "isoflop")
+TABLES = ("fits", "instability", "mitigations", "interventions", "paired", "isoflop", "confound")
 CURVE_NAMES = ("train/loss", "optim/grad_norm")
 # The paper's curves have 20-65 logged points, too few for the per-step defaults.
 PAPER_THRESHOLDS = Thresholds(window=10, ma_window=5)
@@ -105,6 +107,9 @@ def _expand(requested: Sequence[str], allowed: tuple[str, ...], kind: str) -> li
 
 
 def _make_plot(name: str, src: Source, out_dir: Path) -> list[Path]:
+    if name == "confound":
+        sweep_dir = src.sweep_folder("plot 'confound'")
+        return plot_confound(sweep_dir, confound_runs(sweep_dir), out_dir)
     if name == "scaling":
         return figures.plot_scaling(src.runs, src.compute_laws, out_dir)
     if name == "contours":
@@ -128,6 +133,16 @@ def _make_plot(name: str, src: Source, out_dir: Path) -> list[Path]:
 
 
 def _make_table(name: str, src: Source, out_dir: Path) -> list[Path]:
+    if name == "confound":
+        runs = confound_runs(src.sweep_folder("table 'confound'"))
+        paths = tbl.write_table(
+            confound_table(runs),
+            out_dir,
+            "confound",
+            "LN-bias confound: which configurations diverge, and when",
+            "trouble = first loss spike, moving-average rise or divergence (train loss).",
+        )
+        return paths + tbl.write_table(runs, out_dir, "confound_runs", "Confound runs")
     if name == "paired":
         table = paired_table(src.sweep_folder("table 'paired'"))
         title = "Paired FP32/MX runs: final losses and which one got into trouble"

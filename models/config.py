@@ -34,6 +34,8 @@ class LMConfig(_Frozen):
     tie_embeddings: bool = False
     qk_norm: bool = True
     init_std: float = Field(default=0.02, gt=0)
+    # "mitchell": OLMo's truncated normal, std 1/sqrt(fan_in), output projections / sqrt(2(l+1)).
+    init: Literal["normal", "mitchell"] = "normal"
 
     @model_validator(mode="after")
     def _derive_layers(self) -> LMConfig:
@@ -88,6 +90,11 @@ class ProxyConfig(_Frozen):
     teacher_seed: int | None = None
     noise_std: float = Field(default=1e-3, ge=0)
     paired: bool = False
+    # The paper's teacher: no biases, hidden width = width, and (teacher_precision: student)
+    # targets computed through the student's MX ops during MX training, with fresh noise.
+    teacher_bias: bool = True
+    teacher_width: int | None = Field(default=None, gt=0)
+    teacher_precision: Literal["fp32", "student"] = "fp32"
 
     @property
     def d_model(self) -> int:
@@ -248,6 +255,14 @@ _HASH_OMIT_IF_DEFAULT = {
     ("branch",): None,
     ("train", "autocast"): "auto",
     ("train", "param_dtype"): "fp32",
+    ("model", "init"): "normal",
+    ("model", "teacher_bias"): True,
+    ("model", "teacher_width"): None,
+    ("model", "teacher_precision"): "fp32",
+    ("precision", "profile"): "ocp",
+    ("precision", "pre_round"): "none",
+    ("precision", "ln_bias_grad"): True,
+    ("precision", "ln_internals"): "fp32",
 }
 # Fields that cannot change a run's result.
 _HASH_NEVER = (("train", "keep_checkpoints_every"),)

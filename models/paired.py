@@ -31,7 +31,13 @@ def gradient_bias(mx_model: nn.Module, fp32_model: nn.Module) -> dict[str, float
     sums: dict[str, torch.Tensor] = {}
     pairs = zip(mx_model.named_parameters(), fp32_model.parameters(), strict=True)
     for (name, p_mx), p_fp in pairs:
-        a, b = p_mx.grad.detach().double(), p_fp.grad.detach().double()
+        if p_mx.grad is None and p_fp.grad is None:
+            continue
+        # A parameter without a gradient (the paper's frozen LN bias) contributes zeros.
+        a, b = (
+            (p.grad if p.grad is not None else torch.zeros_like(p)).detach().double()
+            for p in (p_mx, p_fp)
+        )
         terms = torch.stack([(a * b).sum(), (b * b).sum(), (a * a).sum(), (a - b).square().sum()])
         key = _group(name)
         sums[key] = sums[key] + terms if key in sums else terms

@@ -176,6 +176,7 @@ def build_workload(spec: RunSpec, device: torch.device) -> tuple[nn.Module, Any]
             eval_batches=spec.train.eval_batches,
             seed=spec.seed,
             device=device,
+            precision=spec.precision,
         )
         torch.manual_seed(spec.seed)
         return Student(spec.model), data

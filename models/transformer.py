@@ -108,12 +108,17 @@ class TransformerLM(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Normal(0, init_std) for every matrix and embedding, ones for LayerNorm weights."""
+        """Normal(0, init_std) for every matrix and embedding (or ``init: mitchell``, see
+        models.init), ones for LayerNorm weights."""
         for module in self.modules():
             if isinstance(module, nn.Linear | nn.Embedding):
                 nn.init.normal_(module.weight, mean=0.0, std=self.cfg.init_std)
             elif isinstance(module, nn.LayerNorm):
                 nn.init.ones_(module.weight)
+        if self.cfg.init == "mitchell":
+            from models.init import mitchell_init
+
+            mitchell_init(self)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         seq = tokens.shape[1]

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mx import paper
 from mx.quantizer import clip_rate, quantize
 from mx.spec import PrecisionSpec
 
@@ -162,6 +163,8 @@ class QuantLinear(nn.Linear):
                 "w": _rate(self.weight.detach(), self.spec.w_fmt, self.spec),
                 "a": _rate(x.detach(), self.spec.a_fmt, self.spec),
             }
+        if self.spec.pre_round == "bf16":
+            return paper.linear(x, self.weight, self.bias, self.spec, _MXLinearFn.apply)
         return _MXLinearFn.apply(x, self.weight, self.bias, self.spec)
 
     def extra_repr(self) -> str:
@@ -190,11 +193,21 @@ class QuantLayerNorm(nn.LayerNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.track_clips and self.spec.ln == "mx" and self.weight is not None:
             self.clip_stats = {"w": _rate(self.weight.detach(), self.spec.w_fmt, self.spec)}
+        if self.spec.ln_internals != "fp32":
+            return paper.layer_norm(
+                x, self.weight, self.bias, self.eps, self.spec, self._affine_value
+            )
+        bias = self._affine(self.bias)
+        if bias is not None and not self.spec.ln_bias_grad:
+            bias = bias.detach()  # the paper's LayerNorm returns no bias gradient
         x = _round_ste(x, self.spec)
-        y = F.layer_norm(
-            x, self.normalized_shape, self._affine(self.weight), self._affine(self.bias), self.eps
-        )
+        y = F.layer_norm(x, self.normalized_shape, self._affine(self.weight), bias, self.eps)
         return _round_ste(y, self.spec)
+
+    def _affine_value(self, param: torch.Tensor | None) -> torch.Tensor | None:
+        # The paper's LayerNorm computes its own gradients from the rounded values.
+        with torch.no_grad():
+            return self._affine(param)
 
 
 class QuantGELU(nn.GELU):
@@ -215,7 +228,7 @@ def _wanted(plain: type[nn.Module], spec: PrecisionSpec) -> bool:
     if plain is nn.Linear:
         return True
     if plain is nn.LayerNorm:
-        return spec.ln != "none"
+        return spec.ln != "none" or spec.ln_internals != "fp32" or not spec.ln_bias_grad
     return spec.quantize_gelu and _bf16(spec)
 
 

@@ -45,6 +45,10 @@ def quantize(
         return x
     if fmt in ("bf16", "fp16"):
         return _round_elementwise(x, fmt, rounding)
+    if scale_rule == "paper_bump":
+        from mx import paper
+
+        return paper.bump_quantize(x, fmt, block_size=block_size, axis=axis, rounding=rounding)
     fmt_info = elem_format(fmt)
     blocks, restore = _to_blocks(x, block_size, axis)
     out = fast.run(_quantize_blocks, blocks, fmt_info, scale_rule, rounding)
@@ -69,6 +73,10 @@ def clip_rate(
     _check_layout(x, block_size, axis)
     if fmt not in MX_FORMATS or x.numel() == 0:
         return 0.0
+    if scale_rule == "paper_bump":
+        from mx import paper
+
+        return paper.bump_clipped(x, fmt, block_size=block_size, axis=axis) / x.numel()
     fmt_info = elem_format(fmt)
     blocks, _ = _to_blocks(x, block_size, axis)
     clipped = fast.run(_count_clipped, blocks, fmt_info, scale_rule)

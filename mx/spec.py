@@ -9,11 +9,19 @@ from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 MX_FORMATS = ("fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1", "int8")
 ELEMENTWISE_FORMATS = ("bf16", "fp16", "fp32")
 FORMATS = MX_FORMATS + ELEMENTWISE_FORMATS
-SCALE_RULES = ("floor", "rceil", "ceil", "even")
+SCALE_RULES = ("floor", "rceil", "ceil", "even", "paper_bump")
 ROUNDINGS = ("even", "half_away")
 
-ScaleRule = Literal["floor", "rceil", "ceil", "even"]
+ScaleRule = Literal["floor", "rceil", "ceil", "even", "paper_bump"]
 Rounding = Literal["even", "half_away"]
+
+
+# ``profile`` presets: "ocp" is the corrected behaviour, "paper" what the paper's code ran
+# (bf16 pre-rounding in the MX Linear, no LayerNorm bias gradient, bf16 LN internals).
+PROFILES = {
+    "ocp": {"pre_round": "none", "ln_bias_grad": True, "ln_internals": "fp32"},
+    "paper": {"pre_round": "bf16", "ln_bias_grad": False, "ln_internals": "bf16"},
+}
 
 
 def check_format(name: str) -> str:
@@ -29,7 +37,9 @@ class PrecisionSpec(BaseModel):
     Backward formats default to the forward ones. ``quantize_backward=False`` is the paper's
     forward-only mitigation. ``ln`` says how LayerNorm affine parameters are treated:
     quantized in real MX blocks ("mx"), rounded to bf16 ("bf16", what the paper's code did)
-    or left alone ("none").
+    or left alone ("none"). ``profile: paper`` fills ``pre_round``, ``ln_bias_grad`` and
+    ``ln_internals`` with what the paper's code ran (see mx.paper); ``ocp`` (default) with
+    the corrected behaviour.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -46,6 +56,11 @@ class PrecisionSpec(BaseModel):
     elementwise: Literal["bf16", "none"] = "none"
     ln: Literal["mx", "bf16", "none"] = "none"
     quantize_gelu: bool = True
+    # The paper's own ops (see mx.paper); unset fields follow ``profile``.
+    profile: Literal["ocp", "paper"] = "ocp"
+    pre_round: Literal["bf16", "none"] | None = None
+    ln_bias_grad: bool | None = None
+    ln_internals: Literal["bf16", "fp32", "bf16_tail"] | None = None
 
     @field_validator("w_fmt", "a_fmt", "grad_fmt", "bwd_w_fmt", "bwd_a_fmt")
     @classmethod
@@ -68,6 +83,21 @@ class PrecisionSpec(BaseModel):
                 object.__setattr__(self, field, value)
         return self
 
+    @model_validator(mode="after")
+    def _fill_profile(self) -> PrecisionSpec:
+        for field, value in PROFILES[self.profile].items():
+            if getattr(self, field) is None:
+                object.__setattr__(self, field, value)
+        if self.scale_rule == "paper_bump":
+            roles = {self.w_fmt, self.a_fmt, self.grad_fmt, self.bwd_w_fmt, self.bwd_a_fmt}
+            others = sorted(f for f in roles if f in MX_FORMATS and f != "fp8_e4m3")
+            if others:
+                raise ValueError(
+                    f"scale_rule 'paper_bump' is the paper's E4M3-only exponent bump; "
+                    f"got MX format {others[0]!r} (allowed: fp8_e4m3 or element-wise formats)"
+                )
+        return self
+
     @property
     def label(self) -> str:
         """Short configuration name in the paper's style: ``<w>_<a>`` plus variants."""
@@ -82,4 +112,11 @@ class PrecisionSpec(BaseModel):
     def is_noop(self) -> bool:
         """True when applying this spec cannot change any value (pure fp32)."""
         formats = {self.w_fmt, self.a_fmt, self.grad_fmt, self.bwd_w_fmt, self.bwd_a_fmt}
-        return formats == {"fp32"} and self.elementwise == "none" and self.ln == "none"
+        return (
+            formats == {"fp32"}
+            and self.elementwise == "none"
+            and self.ln == "none"
+            and self.pre_round == "none"
+            and self.ln_internals == "fp32"
+            and bool(self.ln_bias_grad)
+        )

@@ -212,7 +212,7 @@ def intervene(
     before: Annotated[
         list[int] | None, typer.Option(help="branch this many steps before --at (repeatable)")
     ] = None,
-    arms: Annotated[str, typer.Option(help="comma-separated arms, or 'all'")] = "all",
+    arms: Annotated[str, typer.Option(help="comma-separated arms, 'all' or 'paper'")] = "all",
     executor: Annotated[str | None, typer.Option(help="local | slurm | ray | auto")] = None,
     workers: Annotated[int | None, typer.Option(help="local/ray: parallel runs")] = None,
     retry_failed: Annotated[bool, typer.Option(help="resubmit failed/cancelled arms")] = False,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from models.config import Branch, RunSpec
-from mx.arms import ARMS, apply_arm
+from mx.arms import ARMS, PAPER_ARMS, apply_arm
 from sweep.errors import GridError, SweepError
 from sweep.grid import LaunchSettings
 from sweep.launch import (
@@ -26,7 +26,8 @@ from sweep.launch import (
 )
 from sweep.store import RunRecord, SweepStore
 
-DEFAULT_ARMS = tuple(ARMS)
+# "all": every arm except the paper's variants ("paper" selects those, see mx.arms).
+DEFAULT_ARMS = tuple(a for a in ARMS if not a.startswith("paper_"))
 
 
 @dataclass(frozen=True)
@@ -39,12 +40,14 @@ class BranchPlan:
 
 
 def parse_arms(text: str) -> list[str]:
-    """Comma-separated arm names ("all" for every arm), checked against mx.arms.ARMS."""
-    names = list(DEFAULT_ARMS) if text.strip() == "all" else [a.strip() for a in text.split(",")]
+    """Comma-separated arm names ("all" for the OCP arms, "paper" for the paper's), checked
+    against mx.arms.ARMS."""
+    presets = {"all": list(DEFAULT_ARMS), "paper": list(PAPER_ARMS)}
+    names = presets.get(text.strip()) or [a.strip() for a in text.split(",")]
     unknown = [a for a in names if a not in ARMS]
     if unknown or not names:
         raise GridError(
-            f"--arms: unknown arm {unknown[0] if unknown else text!r}; allowed: all, "
+            f"--arms: unknown arm {unknown[0] if unknown else text!r}; allowed: all, paper, "
             + ", ".join(ARMS)
         )
     return list(dict.fromkeys(names))

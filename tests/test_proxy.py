@@ -188,7 +188,8 @@ def test_ln_in_real_mx_blocks_clips_clustered_weights():
 
 @pytest.mark.parametrize("arm", sorted(ARMS))
 def test_each_arm_changes_what_it_names(arm):
-    parent = PrecisionSpec(**MX)
+    # The paper's arms act on the paper's ops (precision.profile: paper).
+    parent = PrecisionSpec(**MX, profile="paper" if arm.startswith("paper_") else "ocp")
     child = apply_arm(arm, parent)
     changed = {k for k, v in child.model_dump().items() if parent.model_dump()[k] != v}
     expected = {
@@ -202,6 +203,11 @@ def test_each_arm_changes_what_it_names(arm):
         "no_bwd_quant": {"quantize_backward"},
         "no_gelu_quant": {"quantize_gelu"},
         "bf16_weights": {"w_fmt", "bwd_w_fmt"},
+        "paper_bump": {"scale_rule"},
+        "paper_no_ln_quant": {"ln", "ln_internals"},
+        "paper_bf16_act_fwd": {"a_fmt", "bwd_a_fmt"},
+        "paper_no_bwd_quant": {"quantize_backward"},
+        "paper_bf16_weights": {"w_fmt"},
     }[arm]
     assert changed == expected
     assert child.is_noop == (arm == "full_precision")
