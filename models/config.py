@@ -239,7 +239,14 @@ class Branch(_Frozen):
 
 # Fields added after run ids were first handed out: omitted from the hash while they hold
 # their default, so earlier specs keep their ids.
-_HASH_OMIT_IF_DEFAULT = {("train", "schedule"): "cosine", ("branch",): None}
+_HASH_OMIT_IF_DEFAULT = {
+    ("train", "schedule"): "cosine",
+    ("branch",): None,
+    ("precision", "grad_rounding"): None,
+    ("precision", "hadamard_wgrad"): False,
+    ("precision", "keep_bf16"): [],
+    ("precision", "nvfp4_weight_block"): "16x16",
+}
 # Fields that cannot change a run's result.
 _HASH_NEVER = (("train", "keep_checkpoints_every"),)
 

@@ -303,7 +303,7 @@ class Trainer:
         # page fault per 4 KiB on every call (see mx.fast).
         keep_freed_memory()
         self.mx = mx
-        return mx.apply(model, self.spec.precision)
+        return mx.apply(model, self.spec.precision, seed=self.spec.seed)
 
     def resume(self, initial: Callable[[], dict[str, Any]] | None = None) -> Trainer:
         """Load the newest own checkpoint, else ``initial()`` when given (a branch's start
@@ -323,18 +323,24 @@ class Trainer:
         torch.set_rng_state(state["rng"])
         self.step, self.tracker = state["step"], Tracker(**state["tracker"])
         self.writer.next_part = state["n_parts"]
+        if "mx_rounding" in state:
+            self.mx.load_rounding_state(self.model, state["mx_rounding"])
 
     def state_dict(self, attempt_start: float) -> dict[str, Any]:
         """The whole training position: weights, optimizer, RNG, step, tracker, parts."""
         tracker = asdict(self.tracker)
         tracker["wall_time_s"] += time.time() - attempt_start
-        return {
+        state = {
             "step": self.step,
             **self.main.state(),
             "rng": torch.get_rng_state(),
             "tracker": tracker,
             "n_parts": self.writer.next_part,
         }
+        rounding = None if self.mx is None else self.mx.rounding_state(self.model)
+        if rounding is not None:
+            state["mx_rounding"] = rounding  # the stochastic-rounding stream position
+        return state
 
     def _checkpoint(self, attempt_start: float) -> None:
         self.writer.flush()
