@@ -18,6 +18,7 @@ FORMATS = (
     "fp6_e2m3",
     "fp4_e2m1",
     "int8",
+    "nvfp4",
     "bf16",
     "fp16",
     "fp32",

@@ -2,7 +2,8 @@
 
 ``QuantAux`` is what every quantized module of one model shares: the stochastic-rounding
 noise source and the random Hadamard block of the weight-gradient GEMM. ``keep_bf16`` globs
-pick modules that run in bf16 instead (first/last blocks, the LM head).
+pick modules that run in bf16 instead (first/last blocks, the LM head); a negative index
+into a module list counts from its end (``blocks.-1``).
 """
 
 from __future__ import annotations
@@ -59,12 +60,28 @@ def bf16_spec(spec: PrecisionSpec) -> PrecisionSpec:
     return PrecisionSpec.model_validate({**spec.model_dump(), **changes})
 
 
+def _aliases(model: nn.Module) -> dict[str, set[str]]:
+    """Every module name plus its spellings with negative indices into ModuleLists
+    (``blocks.-1`` is the last block), so one glob fits models of any depth."""
+    aliases: dict[str, set[str]] = {"": {""}}
+    for name, module in model.named_modules():
+        for child, sub in module.named_children():
+            full = f"{name}.{child}" if name else child
+            spellings = {child}
+            if isinstance(module, nn.ModuleList | nn.Sequential) and child.isdigit():
+                spellings.add(str(int(child) - len(module)))
+            aliases[full] = {f"{p}.{c}" if p else c for p in aliases[name] for c in spellings}
+    return aliases
+
+
 def kept_modules(model: nn.Module, globs: tuple[str, ...]) -> set[int]:
     """ids of the modules whose name, or an ancestor's, matches one of ``globs``."""
     kept: set[int] = set()
     unmatched = set(globs)
+    aliases = _aliases(model)
     for name, module in model.named_modules():
-        hits = {g for g in globs if fnmatchcase(name, g)} if name else set()
+        spellings = aliases[name] if name else set()
+        hits = {g for g in globs if any(fnmatchcase(n, g) for n in spellings)}
         unmatched -= hits
         parent = name.rpartition(".")[0]
         parent_kept = bool(name) and id(model.get_submodule(parent)) in kept

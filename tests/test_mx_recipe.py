@@ -112,7 +112,7 @@ def test_hadamard_reduces_block_amax_over_rms():
 def test_keep_bf16_globs_on_module_names():
     model = TransformerLM(LMConfig(d_model=32, head_dim=16, n_layers=3, vocab_size=64, seq_len=8))
     spec = mx.PrecisionSpec(
-        w_fmt="fp8_e4m3", a_fmt="fp8_e4m3", ln="mx", keep_bf16=("head", "blocks.2")
+        w_fmt="fp8_e4m3", a_fmt="fp8_e4m3", ln="mx", keep_bf16=("head", "blocks.-1")
     )
     mx.apply(model, spec)
     specs = {n: m.spec for n, m in model.named_modules() if isinstance(m, QuantLinear)}
@@ -123,6 +123,10 @@ def test_keep_bf16_globs_on_module_names():
     assert model.blocks[2].attn_norm.spec.ln == "bf16"
     assert model.blocks[0].attn_norm.spec.ln == "mx"
     assert spec.label == "fp8_e4m3_fp8_e4m3_keep_bf16_2"
+    first = mx.PrecisionSpec(w_fmt="fp8_e4m3", a_fmt="fp8_e4m3", keep_bf16=("blocks.0.mlp.*",))
+    mx.apply(model, first)
+    assert model.blocks[0].mlp.fc1.spec.w_fmt == "bf16"
+    assert model.blocks[0].attn.qkv.spec.w_fmt == model.head.spec.w_fmt == "fp8_e4m3"
     with pytest.raises(ValueError, match=r"keep_bf16.*lm_head"):
         mx.apply(model, spec.model_copy(update={"keep_bf16": ("lm_head",)}))
 
