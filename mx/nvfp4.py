@@ -71,7 +71,9 @@ def _blocks(x: torch.Tensor, axis: int, layout: str):
     data = x.detach().float()
     if layout == "16x16":
         if x.ndim != 2:
-            raise ValueError(f"the 16x16 NVFP4 layout needs a 2-D tensor, got shape {tuple(x.shape)}")
+            raise ValueError(
+                f"the 16x16 NVFP4 layout needs a 2-D tensor, got shape {tuple(x.shape)}"
+            )
         return _tiles(x, data)
     moved = data.movedim(axis, -1)
     moved_shape = moved.shape

@@ -65,7 +65,7 @@ def _aliases(model: nn.Module) -> dict[str, set[str]]:
     (``blocks.-1`` is the last block), so one glob fits models of any depth."""
     aliases: dict[str, set[str]] = {"": {""}}
     for name, module in model.named_modules():
-        for child, sub in module.named_children():
+        for child, _ in module.named_children():
             full = f"{name}.{child}" if name else child
             spellings = {child}
             if isinstance(module, nn.ModuleList | nn.Sequential) and child.isdigit():

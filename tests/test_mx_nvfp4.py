@@ -20,7 +20,7 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 FIXED = {
     # One block at the top of the range, E2M1 ties (RNE), negatives, a zero.
-    "ties": [6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -2.5, -5.0, 0.0, 4.0, 3.0, 1.0, 0.5],
+    "ties": [6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -2.5, -5.0, 0, 4, 3, 1, 0.5],
     # A block whose E4M3 scale rounds down: its max is clamped to 6 (saturation).
     "saturate": [2688.0] + [0.0] * 15 + [14.9] + [1.0] * 15,
     # A tiny block next to a huge one: its scale clamps at E4M3's smallest normal.

@@ -102,7 +102,7 @@ def test_hadamard_reduces_block_amax_over_rms():
     # ... which lowers the MXFP4 quantization error of the weight-gradient GEMM.
     x = torch.randn(256, 16, generator=gen)
     exact = g.t() @ x
-    err = (mx.quantize(g, "fp4_e2m1", axis=0).t() @ mx.quantize(x, "fp4_e2m1", axis=0) - exact)
+    err = mx.quantize(g, "fp4_e2m1", axis=0).t() @ mx.quantize(x, "fp4_e2m1", axis=0) - exact
     h = rht_matrix(0)
     gq = mx.quantize(transform_rows(g, h), "fp4_e2m1", axis=0)
     err_rht = gq.t() @ mx.quantize(transform_rows(x, h), "fp4_e2m1", axis=0) - exact
@@ -117,8 +117,13 @@ def test_keep_bf16_globs_on_module_names():
     mx.apply(model, spec)
     specs = {n: m.spec for n, m in model.named_modules() if isinstance(m, QuantLinear)}
     kept = {n for n, s in specs.items() if s.w_fmt == "bf16"}
-    assert kept == {"head", "blocks.2.attn.qkv", "blocks.2.attn.out", "blocks.2.mlp.fc1",
-                    "blocks.2.mlp.fc2"}
+    assert kept == {
+        "head",
+        "blocks.2.attn.qkv",
+        "blocks.2.attn.out",
+        "blocks.2.mlp.fc1",
+        "blocks.2.mlp.fc2",
+    }
     assert {s.grad_fmt for n, s in specs.items() if n in kept} == {"bf16"}
     assert model.blocks[2].attn_norm.spec.ln == "bf16"
     assert model.blocks[0].attn_norm.spec.ln == "mx"
@@ -147,6 +152,7 @@ def test_new_fields_at_defaults_keep_run_ids():
     )
     assert spec.run_id == "36d4e51569b5"  # the id before grad_rounding & co. existed
     assert spec.precision.label == "fp8_e4m3_fp8_e4m3"
-    changed = spec.model_copy(update={"precision": spec.precision.model_copy(
-        update={"grad_rounding": "stochastic"})})
+    changed = spec.model_copy(
+        update={"precision": spec.precision.model_copy(update={"grad_rounding": "stochastic"})}
+    )
     assert changed.run_id != spec.run_id

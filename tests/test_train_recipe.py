@@ -22,9 +22,7 @@ SPEC = RunSpec(
     model=LMConfig(d_model=32, head_dim=16, vocab_size=64, seq_len=16),
     data=SyntheticData(order=1, branching=4),
     precision=RECIPE,
-    train=TrainConfig(
-        steps=12, batch_size=8, lr=3e-3, log_every=1, stats_every=6, eval_every=6
-    ),
+    train=TrainConfig(steps=12, batch_size=8, lr=3e-3, log_every=1, stats_every=6, eval_every=6),
 )
 
 
