@@ -19,6 +19,8 @@ FORMATS = (
     "fp4_e2m1",
     "int8",
     "nvfp4",
+    "int8_pc",
+    "int4",
     "bf16",
     "fp16",
     "fp32",

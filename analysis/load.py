@@ -164,6 +164,7 @@ def _sweep_run_row(run_dir: Path) -> dict:
         "budget": float(summary.get("budget") or spec.get("budget") or np.nan),
         "final_val_loss": _float(summary.get("final_val_loss")),
         "min_val_loss": _float(summary.get("min_val_loss")),
+        "final_val_loss_quantized": _float(summary.get("final_val_loss_quantized")),
         "state": summary.get("state") or state.get("state", "pending"),
         "d_model": summary.get("d_model", model.get("d_model")),
         "n_layers": summary.get("n_layers", model.get("n_layers")),

@@ -85,6 +85,7 @@ class Tracker:
     initial_loss: float | None = None
     last_train_loss: float | None = None
     val_losses: list[float] = field(default_factory=list)
+    val_losses_quantized: list[float] = field(default_factory=list)
     above_initial: int = 0
     diverged_step: int | None = None
     finished: bool = False
@@ -404,11 +405,23 @@ class Trainer:
                 self.mx.set_clip_tracking(self.model, False)
             grads = [p.grad for p in self.model.parameters()]
             grad_norms = torch.stack([full(g.norm()) for g in grads]).tolist()
+        if self.cfg.lotion is not None:
+            values.update(self._lotion(log))
         values.update(self._before_update(batch, log))
         total_norm = self.main.update(lr_at(self.step, self.cfg))
         if stats:
             values.update({"optim/grad_norm": total_norm.item(), **self._stats(grad_norms)})
         return loss, values
+
+    def _lotion(self, log: bool) -> dict[str, float]:
+        """Add the gradient of LOTION's smoothing term (see models.lotion)."""
+        from models.lotion import lotion_penalty
+
+        cfg = self.cfg.lotion
+        penalty = lotion_penalty(self.model, self.main.optimizer, cfg.fmt, cfg.strength)
+        if penalty.requires_grad:
+            penalty.backward()
+        return {"lotion/penalty": penalty.item()} if log else {}
 
     def _before_update(self, batch: Batch, log: bool) -> dict[str, float]:
         """Hook between the backward pass and the update (paired training uses it)."""
@@ -465,7 +478,14 @@ class Trainer:
     def _record_val(self) -> dict[str, float]:
         loss = self.val_loss()
         self.tracker.val_losses.append(loss)
-        return {"val/loss": loss}
+        values = {"val/loss": loss}
+        if self.cfg.quantized_eval is not None:
+            from models.lotion import quantized_weights
+
+            with quantized_weights(self.model, self.cfg.quantized_eval):
+                values["val/loss_quantized"] = quantized = self.val_loss()
+            self.tracker.val_losses_quantized.append(quantized)
+        return values
 
     def summary(self) -> dict:
         """The flat, JSON-able run summary."""
@@ -489,6 +509,9 @@ class Trainer:
             "diverged_step": t.diverged_step,
             "final_val_loss": _finite(t.val_losses[-1] if t.val_losses else None),
             "min_val_loss": min(finite) if finite else None,
+            "final_val_loss_quantized": _finite(
+                t.val_losses_quantized[-1] if t.val_losses_quantized else None
+            ),
             "final_train_loss": _finite(t.last_train_loss),
             "initial_loss": _finite(t.initial_loss),
             "n_params": self.n_params,

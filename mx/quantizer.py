@@ -13,7 +13,14 @@ import torch.nn.functional as F
 
 from mx import fast, stochastic
 from mx.formats import E8M0_BIAS, E8M0_MAX_EXP, E8M0_MIN_EXP, ElemFormat, elem_format
-from mx.spec import MX_FORMATS, NV_FORMATS, ROUNDINGS, SCALE_RULES, check_format
+from mx.spec import (
+    CHANNEL_FORMATS,
+    MX_FORMATS,
+    NV_FORMATS,
+    ROUNDINGS,
+    SCALE_RULES,
+    check_format,
+)
 
 _EXP_MASK = 0xFF
 _MANT_MASK = 0x7FFFFF
@@ -41,7 +48,8 @@ def quantize(
     with probability equal to the fractional distance, drawing from ``generator`` (a
     torch.Generator, an int seed, or None for torch's global generator; see
     ``mx.stochastic``). "nvfp4" is NVIDIA's two-level format in 1x16 blocks along
-    ``axis`` (``block_size`` and ``scale_rule`` do not apply; see ``mx.nvfp4``).
+    ``axis`` (``block_size`` and ``scale_rule`` do not apply; see ``mx.nvfp4``); "int4"
+    and "int8_pc" scale each slice along ``axis`` by its absmax (``mx.channel``).
     """
     check_format(fmt)
     _check_options(scale_rule, rounding)
@@ -54,6 +62,10 @@ def quantize(
         from mx.nvfp4 import quantize_nvfp4
 
         return quantize_nvfp4(x, axis=axis, rounding=rounding, generator=generator)
+    if fmt in CHANNEL_FORMATS:
+        from mx.channel import quantize_channel
+
+        return quantize_channel(x, fmt, axis=axis, rounding=rounding, generator=generator)
     fmt_info = elem_format(fmt)
     blocks, restore = _to_blocks(x, block_size, axis)
     if rounding == "stochastic":

@@ -9,8 +9,10 @@ from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 MX_FORMATS = ("fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1", "int8")
 # NVIDIA's two-level format: E2M1 elements, 16-blocks, E4M3 block scale, FP32 tensor scale.
 NV_FORMATS = ("nvfp4",)
+# Per-channel symmetric integers (absmax scale per slice along the axis), for weights.
+CHANNEL_FORMATS = ("int4", "int8_pc")
 ELEMENTWISE_FORMATS = ("bf16", "fp16", "fp32")
-FORMATS = MX_FORMATS + NV_FORMATS + ELEMENTWISE_FORMATS
+FORMATS = MX_FORMATS + NV_FORMATS + CHANNEL_FORMATS + ELEMENTWISE_FORMATS
 SCALE_RULES = ("floor", "rceil", "ceil", "even")
 ROUNDINGS = ("even", "half_away", "stochastic")
 
