@@ -156,3 +156,18 @@ def test_new_fields_at_defaults_keep_run_ids():
         update={"precision": spec.precision.model_copy(update={"grad_rounding": "stochastic"})}
     )
     assert changed.run_id != spec.run_id
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"w_fmt": "nvfp4", "a_fmt": "nvfp4", "grad_rounding": "stochastic"},
+        {"w_fmt": "nvfp4", "a_fmt": "bf16", "rounding": "stochastic", "hadamard_wgrad": True},
+        {"w_fmt": "nvfp4", "a_fmt": "nvfp4", "nvfp4_weight_block": "1x16", "keep_bf16": ["h"]},
+        {"w_fmt": "fp8_e4m3", "a_fmt": "fp8_e4m3", "block_size": 16},
+    ],
+)
+def test_analysis_label_mirrors_the_spec_label(fields):
+    from analysis.load import _label
+
+    assert _label(fields) == mx.PrecisionSpec(**fields).label
