@@ -324,7 +324,8 @@ class Trainer:
         torch.set_rng_state(state["rng"])
         self.step, self.tracker = state["step"], Tracker(**state["tracker"])
         self.writer.next_part = state["n_parts"]
-        if "mx_rounding" in state:
+        # A branch whose arm drops stochastic rounding has no stream to continue.
+        if "mx_rounding" in state and self.mx is not None and self.spec.precision.stochastic:
             self.mx.load_rounding_state(self.model, state["mx_rounding"])
 
     def state_dict(self, attempt_start: float) -> dict[str, Any]:

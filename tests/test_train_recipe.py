@@ -51,3 +51,14 @@ def test_resume_continues_the_same_rounding_stream(tmp_path):
     train_run(SPEC, lost)
     assert _losses(lost)[:5] == _losses(tmp_path / "ref")[:5]
     assert _losses(lost)[5:] != _losses(tmp_path / "ref")[5:]
+
+
+def test_a_state_with_a_rounding_stream_loads_into_a_run_without_sr(tmp_path):
+    # What a branch does when its arm drops stochastic rounding (e.g. full_precision).
+    make_trainer(SPEC, tmp_path / "sr", None).resume().run(until=3)
+    state = load_latest(tmp_path / "sr" / "checkpoints")
+    for precision in (PrecisionSpec(), PrecisionSpec(w_fmt="nvfp4", a_fmt="nvfp4")):
+        other = SPEC.model_copy(update={"precision": precision})
+        trainer = make_trainer(other, tmp_path / precision.label, None)
+        trainer.load_state(state)
+        assert trainer.step == 3
