@@ -164,6 +164,7 @@ def _sweep_run_row(run_dir: Path) -> dict:
         "budget": float(summary.get("budget") or spec.get("budget") or np.nan),
         "final_val_loss": _float(summary.get("final_val_loss")),
         "min_val_loss": _float(summary.get("min_val_loss")),
+        "final_val_loss_quantized": _float(summary.get("final_val_loss_quantized")),
         "state": summary.get("state") or state.get("state", "pending"),
         "d_model": summary.get("d_model", model.get("d_model")),
         "n_layers": summary.get("n_layers", model.get("n_layers")),
@@ -189,6 +190,17 @@ def _label(precision: dict) -> str:
         name += "_quantize_only_fwd"
     if precision.get("block_size", 32) != 32:
         name += f"_block_size_{precision['block_size']}"
+    if precision.get("rounding") == "stochastic":
+        name += "_sr"
+    elif precision.get("grad_rounding") == "stochastic":
+        name += "_sr_grad"
+    if precision.get("hadamard_wgrad"):
+        name += "_rht"
+    if precision.get("keep_bf16"):
+        name += f"_keep_bf16_{len(precision['keep_bf16'])}"
+    nvfp4_weights = "nvfp4" in (precision.get("w_fmt"), precision.get("bwd_w_fmt"))
+    if nvfp4_weights and precision.get("nvfp4_weight_block", "16x16") != "16x16":
+        name += "_w1x16"
     return name
 
 

@@ -20,6 +20,7 @@ from analysis.joint import fit_joint, leave_one_budget_out
 from analysis.laws import N_BOOT, ConfigLaw, chinchilla_laws, compute_laws, kaplan_laws
 from analysis.load import load_metrics, load_paper_curves, load_paper_runs, load_sweep_runs
 from analysis.paired import paired_table, plot_paired
+from analysis.quantized import plot_quantized
 
 PLOTS = (
     "scaling",
@@ -31,6 +32,7 @@ PLOTS = (
     "interventions",
     "isoflop",
     "confound",
+    "quantized",
 )
 TABLES = ("fits", "instability", "mitigations", "interventions", "paired", "isoflop", "confound")
 CURVE_NAMES = ("train/loss", "optim/grad_norm")
@@ -124,6 +126,8 @@ def _make_plot(name: str, src: Source, out_dir: Path) -> list[Path]:
         return figures.plot_instability(frequency_table(src.classified()), out_dir)
     if name == "isoflop":
         return figures.plot_isoflop(src.isoflop_fits, out_dir)
+    if name == "quantized":
+        return plot_quantized(src.runs, out_dir)
     if name == "paired":
         return plot_paired(src.sweep_folder("plot 'paired'"), out_dir)
     if name == "interventions":

@@ -10,10 +10,18 @@ import hashlib
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
 from models.flops import lm_param_count, proxy_param_count
-from mx.spec import PrecisionSpec
+from mx.spec import PrecisionSpec, check_format
 
 
 class _Frozen(BaseModel):
@@ -163,6 +171,13 @@ class TextFileData(_Frozen):
 DataConfig = Annotated[SyntheticData | TokenFileData | TextFileData, Field(discriminator="kind")]
 
 
+class LotionConfig(_Frozen):
+    """LOTION's smoothing term ½·strength·Σ v̂_i σ_i² on the Linear weights (models.lotion)."""
+
+    fmt: Literal["int4", "int8_pc"]
+    strength: float = Field(default=1.0, gt=0)
+
+
 class TrainConfig(_Frozen):
     """Optimiser, schedule and logging (the paper's defaults)."""
 
@@ -193,6 +208,20 @@ class TrainConfig(_Frozen):
     # see the (fp32 master) weights in; FP32 twins and the full_precision arm ignore both.
     autocast: Literal["auto", "bf16", "none"] = "auto"
     param_dtype: Literal["fp32", "bf16"] = "fp32"
+    lotion: LotionConfig | None = None
+    # Also evaluate the model with its Linear weights cast (RNE) to this format.
+    quantized_eval: str | None = None
+
+    @field_validator("quantized_eval")
+    @classmethod
+    def _known_eval_format(cls, value: str | None) -> str | None:
+        return None if value is None else check_format(value)
+
+    @model_validator(mode="after")
+    def _lotion_evaluates_quantized(self) -> TrainConfig:
+        if self.lotion is not None and self.quantized_eval is None:
+            object.__setattr__(self, "quantized_eval", self.lotion.fmt)
+        return self
 
     @model_validator(mode="after")
     def _micro_divides(self) -> TrainConfig:
@@ -263,6 +292,12 @@ _HASH_OMIT_IF_DEFAULT = {
     ("precision", "pre_round"): "none",
     ("precision", "ln_bias_grad"): True,
     ("precision", "ln_internals"): "fp32",
+    ("precision", "grad_rounding"): None,
+    ("precision", "hadamard_wgrad"): False,
+    ("precision", "keep_bf16"): [],
+    ("precision", "nvfp4_weight_block"): "16x16",
+    ("train", "lotion"): None,
+    ("train", "quantized_eval"): None,
 }
 # Fields that cannot change a run's result.
 _HASH_NEVER = (("train", "keep_checkpoints_every"),)

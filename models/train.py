@@ -93,6 +93,7 @@ class Tracker:
     initial_loss: float | None = None
     last_train_loss: float | None = None
     val_losses: list[float] = field(default_factory=list)
+    val_losses_quantized: list[float] = field(default_factory=list)
     above_initial: int = 0
     diverged_step: int | None = None
     finished: bool = False
@@ -320,7 +321,7 @@ class Trainer:
         # page fault per 4 KiB on every call (see mx.fast).
         keep_freed_memory()
         self.mx = mx
-        return mx.apply(model, self.spec.precision)
+        return mx.apply(model, self.spec.precision, seed=self.spec.seed)
 
     def resume(self, initial: Callable[[], dict[str, Any]] | None = None) -> Trainer:
         """Load the newest own checkpoint, else ``initial()`` when given (a branch's start
@@ -340,18 +341,25 @@ class Trainer:
         torch.set_rng_state(state["rng"])
         self.step, self.tracker = state["step"], Tracker(**state["tracker"])
         self.writer.next_part = state["n_parts"]
+        # A branch whose arm drops stochastic rounding has no stream to continue.
+        if "mx_rounding" in state and self.mx is not None and self.spec.precision.stochastic:
+            self.mx.load_rounding_state(self.model, state["mx_rounding"])
 
     def state_dict(self, attempt_start: float) -> dict[str, Any]:
         """The whole training position: weights, optimizer, RNG, step, tracker, parts."""
         tracker = asdict(self.tracker)
         tracker["wall_time_s"] += time.time() - attempt_start
-        return {
+        state = {
             "step": self.step,
             **self.main.state(),
             "rng": torch.get_rng_state(),
             "tracker": tracker,
             "n_parts": self.writer.next_part,
         }
+        rounding = None if self.mx is None else self.mx.rounding_state(self.model)
+        if rounding is not None:
+            state["mx_rounding"] = rounding  # the stochastic-rounding stream position
+        return state
 
     def _checkpoint(self, attempt_start: float) -> None:
         self.writer.flush()
@@ -415,11 +423,23 @@ class Trainer:
                 self.mx.set_clip_tracking(self.model, False)
             grads = [p.grad for p in self.model.parameters()]
             grad_norms = torch.stack([full(g.norm()) for g in grads]).tolist()
+        if self.cfg.lotion is not None:
+            values.update(self._lotion(log))
         values.update(self._before_update(batch, log))
         total_norm = self.main.update(lr_at(self.step, self.cfg))
         if stats:
             values.update({"optim/grad_norm": total_norm.item(), **self._stats(grad_norms)})
         return loss, values
+
+    def _lotion(self, log: bool) -> dict[str, float]:
+        """Add the gradient of LOTION's smoothing term (see models.lotion)."""
+        from models.lotion import lotion_penalty
+
+        cfg = self.cfg.lotion
+        penalty = lotion_penalty(self.model, self.main.optimizer, cfg.fmt, cfg.strength)
+        if penalty.requires_grad:
+            penalty.backward()
+        return {"lotion/penalty": penalty.item()} if log else {}
 
     def _before_update(self, batch: Batch, log: bool) -> dict[str, float]:
         """Hook between the backward pass and the update (paired training uses it)."""
@@ -476,7 +496,14 @@ class Trainer:
     def _record_val(self) -> dict[str, float]:
         loss = self.val_loss()
         self.tracker.val_losses.append(loss)
-        return {"val/loss": loss}
+        values = {"val/loss": loss}
+        if self.cfg.quantized_eval is not None:
+            from models.lotion import quantized_weights
+
+            with quantized_weights(self.model, self.cfg.quantized_eval):
+                values["val/loss_quantized"] = quantized = self.val_loss()
+            self.tracker.val_losses_quantized.append(quantized)
+        return values
 
     def summary(self) -> dict:
         """The flat, JSON-able run summary."""
@@ -500,6 +527,9 @@ class Trainer:
             "diverged_step": t.diverged_step,
             "final_val_loss": _finite(t.val_losses[-1] if t.val_losses else None),
             "min_val_loss": min(finite) if finite else None,
+            "final_val_loss_quantized": _finite(
+                t.val_losses_quantized[-1] if t.val_losses_quantized else None
+            ),
             "final_train_loss": _finite(t.last_train_loss),
             "initial_loss": _finite(t.initial_loss),
             "n_params": self.n_params,

@@ -15,6 +15,8 @@ _LAZY = {
     "clip_rate": "mx.quantizer",
     "clip_rates": "mx.layers",
     "set_clip_tracking": "mx.layers",
+    "rounding_state": "mx.recipe",
+    "load_rounding_state": "mx.recipe",
 }
 
 __all__ = ["FORMATS", "MX_FORMATS", "PrecisionSpec", *_LAZY]

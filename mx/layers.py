@@ -11,13 +11,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mx import paper
+from mx import paper, recipe
+from mx.hadamard import transform_rows
+from mx.nvfp4 import quantize_nvfp4
 from mx.quantizer import clip_rate, quantize
 from mx.spec import PrecisionSpec
 
 
 def _round_elementwise(x: torch.Tensor, spec: PrecisionSpec) -> torch.Tensor:
-    return quantize(x, spec.elementwise, rounding=spec.rounding) if _bf16(spec) else x
+    # Stochastic rounding is for GEMM operands; element-wise ops stay round-to-nearest.
+    rounding = "even" if spec.rounding == "stochastic" else spec.rounding
+    return quantize(x, spec.elementwise, rounding=rounding) if _bf16(spec) else x
 
 
 def _bf16(spec: PrecisionSpec) -> bool:
@@ -45,22 +49,42 @@ class _QuantizeSTE(torch.autograd.Function):
     """Fake-quantize in the forward pass, pass the gradient straight through."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, fmt: str, spec: PrecisionSpec) -> torch.Tensor:
-        return _quant(x, fmt, spec, axis=-1)
+    def forward(
+        ctx, x: torch.Tensor, fmt: str, spec: PrecisionSpec, aux: recipe.QuantAux | None
+    ) -> torch.Tensor:
+        return _quant(x, fmt, spec, axis=-1, aux=aux)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return grad, None, None
+        return grad, None, None, None
 
 
-def _quant(x: torch.Tensor, fmt: str, spec: PrecisionSpec, axis: int) -> torch.Tensor:
+def _quant(
+    x: torch.Tensor,
+    fmt: str,
+    spec: PrecisionSpec,
+    axis: int,
+    *,
+    aux: recipe.QuantAux | None = None,
+    grad: bool = False,
+    weight: bool = False,
+) -> torch.Tensor:
+    """Quantize one GEMM operand: gradient operands use ``spec.bwd_rounding``, NVFP4
+    weights the spec's weight block layout, stochastic rounding the model's noise."""
+    rounding = spec.bwd_rounding if grad else spec.rounding
+    generator = aux.generator(x.device) if aux is not None and rounding == "stochastic" else None
+    if weight and fmt == "nvfp4" and x.ndim == 2:
+        return quantize_nvfp4(
+            x, axis=axis, layout=spec.nvfp4_weight_block, rounding=rounding, generator=generator
+        )
     return quantize(
         x,
         fmt,
         block_size=spec.block_size,
         axis=axis,
         scale_rule=spec.scale_rule,
-        rounding=spec.rounding,
+        rounding=rounding,
+        generator=generator,
     )
 
 
@@ -81,12 +105,12 @@ def gemm_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
 
 
 def _operand(
-    t: torch.Tensor, fmt: str, spec: PrecisionSpec, axis: int, dtype: torch.dtype
+    t: torch.Tensor, fmt: str, spec: PrecisionSpec, axis: int, dtype: torch.dtype, **roles
 ) -> torch.Tensor:
     """A GEMM operand: ``t`` quantized from its own values (never pre-rounded to ``dtype``,
     so the MX values equal fp32 mode's for equal inputs), then cast to the GEMM dtype
     (exact for MX elements of <= 7 mantissa bits at normal scales)."""
-    return _quant(t, fmt, spec, axis).to(dtype)
+    return _quant(t, fmt, spec, axis, **roles).to(dtype)
 
 
 def _rounded_operand(t: torch.Tensor, spec: PrecisionSpec, dtype: torch.dtype) -> torch.Tensor:
@@ -108,15 +132,15 @@ class _MXLinearFn(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, weight, bias, spec: PrecisionSpec):
+    def forward(ctx, x, weight, bias, spec: PrecisionSpec, aux: recipe.QuantAux | None):
         dtype = gemm_dtype(x, weight)
-        ctx.spec, ctx.dtype = spec, dtype
+        ctx.spec, ctx.aux, ctx.dtype = spec, aux, dtype
         ctx.bias_dtype = None if bias is None else bias.dtype
         ctx.save_for_backward(x, weight)
         with torch.autocast(x.device.type, enabled=False):
             y = F.linear(
-                _operand(x, spec.a_fmt, spec, -1, dtype),
-                _operand(weight, spec.w_fmt, spec, -1, dtype),
+                _operand(x, spec.a_fmt, spec, -1, dtype, aux=aux),
+                _operand(weight, spec.w_fmt, spec, -1, dtype, aux=aux, weight=True),
             )
             y = _round_elementwise(y, spec)
             if bias is not None:
@@ -126,15 +150,20 @@ class _MXLinearFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         spec: PrecisionSpec = ctx.spec
-        dtype = ctx.dtype
+        dtype, aux = ctx.dtype, ctx.aux
         x, weight = ctx.saved_tensors
         g2d = grad_out.reshape(-1, grad_out.shape[-1])
         x2d = x.reshape(-1, x.shape[-1])
         if spec.quantize_backward:
-            g_in = _operand(g2d, spec.grad_fmt, spec, -1, dtype)
-            w_in = _operand(weight, spec.bwd_w_fmt, spec, 0, dtype)
-            g_w = _operand(g2d, spec.grad_fmt, spec, 0, dtype)
-            x_w = _operand(x2d, spec.bwd_a_fmt, spec, 0, dtype)
+            g_in = _operand(g2d, spec.grad_fmt, spec, -1, dtype, aux=aux, grad=True)
+            w_in = _operand(weight, spec.bwd_w_fmt, spec, 0, dtype, aux=aux, weight=True)
+            g_rows, x_rows = g2d, x2d
+            if spec.hadamard_wgrad:
+                # Orthogonal along the contracted token axis: dW is unchanged before rounding.
+                block = aux.rht_block(g2d.device)
+                g_rows, x_rows = transform_rows(g2d, block), transform_rows(x2d, block)
+            g_w = _operand(g_rows, spec.grad_fmt, spec, 0, dtype, aux=aux, grad=True)
+            x_w = _operand(x_rows, spec.bwd_a_fmt, spec, 0, dtype, aux=aux)
         else:
             g_in = g_w = _rounded_operand(g2d, spec, dtype)
             w_in = _rounded_operand(weight, spec, dtype)
@@ -147,7 +176,7 @@ class _MXLinearFn(torch.autograd.Function):
                 grad_w = _round_elementwise(g_w.t() @ x_w, spec).to(weight.dtype)
             if ctx.bias_dtype is not None and ctx.needs_input_grad[2]:
                 grad_b = g2d.sum(0, dtype=torch.float32).to(ctx.bias_dtype)
-        return grad_x, grad_w, grad_b, None
+        return grad_x, grad_w, grad_b, None, None
 
 
 class QuantLinear(nn.Linear):
@@ -156,6 +185,7 @@ class QuantLinear(nn.Linear):
     spec: PrecisionSpec
     track_clips: bool
     clip_stats: dict[str, float]
+    mx_aux: recipe.QuantAux
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.track_clips:
@@ -164,8 +194,11 @@ class QuantLinear(nn.Linear):
                 "a": _rate(x.detach(), self.spec.a_fmt, self.spec),
             }
         if self.spec.pre_round == "bf16":
-            return paper.linear(x, self.weight, self.bias, self.spec, _MXLinearFn.apply)
-        return _MXLinearFn.apply(x, self.weight, self.bias, self.spec)
+            return paper.linear(x, self.weight, self.bias, self.spec, self._mx_linear)
+        return self._mx_linear(x, self.weight, self.bias, self.spec)
+
+    def _mx_linear(self, x, weight, bias, spec: PrecisionSpec) -> torch.Tensor:
+        return _MXLinearFn.apply(x, weight, bias, spec, self.mx_aux)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, spec={self.spec.label}"
@@ -185,9 +218,9 @@ class QuantLayerNorm(nn.LayerNorm):
         if param is None:
             return None
         if self.spec.ln == "mx":
-            return _QuantizeSTE.apply(param, self.spec.w_fmt, self.spec)
+            return _QuantizeSTE.apply(param, self.spec.w_fmt, self.spec, self.mx_aux)
         if self.spec.ln == "bf16":
-            return _QuantizeSTE.apply(param, "bf16", self.spec)
+            return _QuantizeSTE.apply(param, "bf16", self.spec, self.mx_aux)
         return param
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -239,7 +272,7 @@ def _swap(module: nn.Module, cls: type[nn.Module]) -> nn.Module:
     # Fresh containers so the old module stays usable and unaffected.
     for name in ("_parameters", "_buffers", "_modules"):
         new.__dict__[name] = dict(module.__dict__[name])
-    for name in ("spec", "track_clips", "clip_stats"):
+    for name in ("spec", "track_clips", "clip_stats", "mx_aux"):
         new.__dict__.pop(name, None)
     return new
 
@@ -265,26 +298,33 @@ def remove(model: nn.Module) -> nn.Module:
     return _replace_children(model, convert)
 
 
-def apply(model: nn.Module, spec: PrecisionSpec) -> nn.Module:
+def apply(model: nn.Module, spec: PrecisionSpec, *, seed: int = 0) -> nn.Module:
     """Swap plain modules for quantized ones per ``spec``, in place; returns the model.
 
     A model that is already quantized is first restored, so re-applying with another
-    spec mid-training works. Parameters are the same objects before and after.
+    spec mid-training works. Parameters are the same objects before and after. ``seed``
+    seeds the stochastic-rounding stream and the Hadamard signs (``mx.recipe``); modules
+    matching ``spec.keep_bf16`` get the spec with bf16 operands.
     """
     if not isinstance(spec, PrecisionSpec):
         raise ValueError(f"spec must be a PrecisionSpec, got {type(spec).__name__}")
     model = remove(model)
     if spec.is_noop:
         return model
+    kept = recipe.kept_modules(model, spec.keep_bf16)
+    kept_spec = recipe.bf16_spec(spec) if kept else spec
+    aux = recipe.make_aux(spec, seed)
 
     def convert(module: nn.Module) -> nn.Module | None:
         plain = type(module)
-        if plain not in _QUANT_OF or not _wanted(plain, spec):
+        own = kept_spec if id(module) in kept else spec
+        if plain not in _QUANT_OF or not _wanted(plain, own):
             return None
         new = _swap(module, _QUANT_OF[plain])
-        new.spec = spec
+        new.spec = own
         new.track_clips = False
         new.clip_stats = {}
+        new.mx_aux = aux
         return new
 
     return _replace_children(model, convert)

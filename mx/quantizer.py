@@ -11,9 +11,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from mx import fast
+from mx import fast, stochastic
 from mx.formats import E8M0_BIAS, E8M0_MAX_EXP, E8M0_MIN_EXP, ElemFormat, elem_format
-from mx.spec import MX_FORMATS, ROUNDINGS, SCALE_RULES, check_format
+from mx.spec import (
+    CHANNEL_FORMATS,
+    MX_FORMATS,
+    NV_FORMATS,
+    ROUNDINGS,
+    SCALE_RULES,
+    check_format,
+)
 
 _EXP_MASK = 0xFF
 _MANT_MASK = 0x7FFFFF
@@ -29,6 +36,7 @@ def quantize(
     axis: int = -1,
     scale_rule: str = "floor",
     rounding: str = "even",
+    generator: stochastic.Generator = None,
 ) -> torch.Tensor:
     """Fake-quantize ``x`` to ``fmt``; returns a tensor of the same shape and dtype.
 
@@ -36,7 +44,12 @@ def quantize(
     with zeros internally) sharing one E8M0 scale chosen by ``scale_rule``; elements are
     rounded by ``rounding`` and saturated to the format's max normal. A NaN/Inf anywhere
     in a block makes the whole block NaN. "bf16"/"fp16" round element-wise (overflow to
-    Inf like a cast); "fp32" returns ``x`` itself.
+    Inf like a cast); "fp32" returns ``x`` itself. ``rounding="stochastic"`` rounds up
+    with probability equal to the fractional distance, drawing from ``generator`` (a
+    torch.Generator, an int seed, or None for torch's global generator; see
+    ``mx.stochastic``). "nvfp4" is NVIDIA's two-level format in 1x16 blocks along
+    ``axis`` (``block_size`` and ``scale_rule`` do not apply; see ``mx.nvfp4``); "int4"
+    and "int8_pc" scale each slice along ``axis`` by its absmax (``mx.channel``).
     """
     check_format(fmt)
     _check_options(scale_rule, rounding)
@@ -44,13 +57,25 @@ def quantize(
     if fmt == "fp32":
         return x
     if fmt in ("bf16", "fp16"):
-        return _round_elementwise(x, fmt, rounding)
+        return _round_elementwise(x, fmt, rounding, generator)
+    if fmt in NV_FORMATS:
+        from mx.nvfp4 import quantize_nvfp4
+
+        return quantize_nvfp4(x, axis=axis, rounding=rounding, generator=generator)
+    if fmt in CHANNEL_FORMATS:
+        from mx.channel import quantize_channel
+
+        return quantize_channel(x, fmt, axis=axis, rounding=rounding, generator=generator)
     if scale_rule == "paper_bump":
         from mx import paper
 
         return paper.bump_quantize(x, fmt, block_size=block_size, axis=axis, rounding=rounding)
     fmt_info = elem_format(fmt)
     blocks, restore = _to_blocks(x, block_size, axis)
+    if rounding == "stochastic":
+        # The draws are a tensor input, which the compiled path does not take: eager.
+        noise = stochastic.uniform_like(blocks, generator)
+        return restore(_quantize_blocks(blocks, fmt_info, scale_rule, rounding, noise))
     out = fast.run(_quantize_blocks, blocks, fmt_info, scale_rule, rounding)
     return restore(out)
 
@@ -71,7 +96,13 @@ def clip_rate(
     check_format(fmt)
     _check_options(scale_rule, "even")
     _check_layout(x, block_size, axis)
-    if fmt not in MX_FORMATS or x.numel() == 0:
+    if x.numel() == 0:
+        return 0.0
+    if fmt in NV_FORMATS:
+        from mx.nvfp4 import clip_rate_nvfp4
+
+        return clip_rate_nvfp4(x, axis=axis)
+    if fmt not in MX_FORMATS:
         return 0.0
     if scale_rule == "paper_bump":
         from mx import paper
@@ -173,8 +204,11 @@ def _scaled(blocks: torch.Tensor, fmt: ElemFormat, scale_rule: str):
     return bad_block, scale_exp, blocks * _pow2(-scale_exp)
 
 
-def _round_magnitude(mag: torch.Tensor, fmt: ElemFormat, rounding: str) -> torch.Tensor:
-    """Round non-negative ``mag`` to the element grid (no saturation)."""
+def _round_magnitude(
+    mag: torch.Tensor, fmt: ElemFormat, rounding: str, noise: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Round non-negative ``mag`` to the element grid (no saturation); ``noise`` holds the
+    uniform draws of stochastic rounding."""
     if fmt.is_int:
         quantum = torch.full_like(mag, 2.0**fmt.quantum_floor)
         inv_quantum = 2.0**-fmt.quantum_floor
@@ -186,16 +220,23 @@ def _round_magnitude(mag: torch.Tensor, fmt: ElemFormat, rounding: str) -> torch
         # exact (power of two); one bit-cast fewer than multiplying by 2^-step
         steps = mag / quantum
     # steps < 2^(mbits+1) here, so +0.5 is exact and floor() gives round-half-away.
-    rounded = torch.round(steps) if rounding == "even" else torch.floor(steps + 0.5)
+    if rounding == "stochastic":
+        rounded = stochastic.round_steps(steps, noise)
+    else:
+        rounded = torch.round(steps) if rounding == "even" else torch.floor(steps + 0.5)
     return rounded * quantum
 
 
 def _quantize_blocks(
-    blocks: torch.Tensor, fmt: ElemFormat, scale_rule: str, rounding: str
+    blocks: torch.Tensor,
+    fmt: ElemFormat,
+    scale_rule: str,
+    rounding: str,
+    noise: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Fake-quantize a float32 (pre, n_blocks, block, post) tensor; the exact reference."""
     bad_block, scale_exp, scaled = _scaled(blocks, fmt, scale_rule)
-    mag = _round_magnitude(scaled.abs(), fmt, rounding).clamp_max(fmt.max_normal)
+    mag = _round_magnitude(scaled.abs(), fmt, rounding, noise).clamp_max(fmt.max_normal)
     out = torch.copysign(mag * _pow2(scale_exp), blocks)
     return torch.where(bad_block, torch.nan, out)
 
@@ -206,11 +247,20 @@ def _count_clipped(blocks: torch.Tensor, fmt: ElemFormat, scale_rule: str) -> to
     return ((scaled.abs() > fmt.max_normal) & ~bad_block).sum()
 
 
-def _round_elementwise(x: torch.Tensor, fmt: str, rounding: str) -> torch.Tensor:
+def _round_elementwise(
+    x: torch.Tensor, fmt: str, rounding: str, generator: stochastic.Generator = None
+) -> torch.Tensor:
     """Round every element to bf16/fp16, keeping x's dtype."""
     target = torch.bfloat16 if fmt == "bf16" else torch.float16
     if x.dtype == target:
         return x
+    if rounding == "stochastic":
+        flat = x.detach().float().reshape(-1)
+        if fmt == "bf16":
+            out = stochastic.round_bf16(flat, generator)
+        else:
+            out = _round_fp16(flat, "stochastic", stochastic.uniform_like(flat, generator))
+        return out.view(x.shape).to(x.dtype)
     if rounding == "even":
         return x.to(target).to(x.dtype)
     kernel = _round_bf16_half_away if fmt == "bf16" else _round_fp16_half_away
@@ -229,10 +279,14 @@ _FP16 = ElemFormat("fp16", 5, 10, emax=15, emin=-14, max_normal=65504.0)
 
 
 def _round_fp16_half_away(x32: torch.Tensor) -> torch.Tensor:
+    return _round_fp16(x32, "half_away")
+
+
+def _round_fp16(x32: torch.Tensor, rounding: str, noise: torch.Tensor | None = None):
     mag = x32.abs()
     # Exponents far above fp16's range would overflow the 2^-step factor: they go to Inf.
     finite_range = mag < 65520.0
     safe = torch.where(finite_range, mag, 0.0)
-    rounded = _round_magnitude(safe, _FP16, "half_away")
+    rounded = _round_magnitude(safe, _FP16, rounding, noise)
     rounded = torch.where(finite_range & (rounded <= _FP16.max_normal), rounded, torch.inf)
     return torch.where(torch.isnan(x32), x32, torch.copysign(rounded, x32))

@@ -7,13 +7,17 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 MX_FORMATS = ("fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1", "int8")
+# NVIDIA's two-level format: E2M1 elements, 16-blocks, E4M3 block scale, FP32 tensor scale.
+NV_FORMATS = ("nvfp4",)
+# Per-channel symmetric integers (absmax scale per slice along the axis), for weights.
+CHANNEL_FORMATS = ("int4", "int8_pc")
 ELEMENTWISE_FORMATS = ("bf16", "fp16", "fp32")
-FORMATS = MX_FORMATS + ELEMENTWISE_FORMATS
+FORMATS = MX_FORMATS + NV_FORMATS + CHANNEL_FORMATS + ELEMENTWISE_FORMATS
 SCALE_RULES = ("floor", "rceil", "ceil", "even", "paper_bump")
-ROUNDINGS = ("even", "half_away")
+ROUNDINGS = ("even", "half_away", "stochastic")
 
 ScaleRule = Literal["floor", "rceil", "ceil", "even", "paper_bump"]
-Rounding = Literal["even", "half_away"]
+Rounding = Literal["even", "half_away", "stochastic"]
 
 
 # ``profile`` presets: "ocp" is the corrected behaviour, "paper" what the paper's code ran
@@ -61,6 +65,14 @@ class PrecisionSpec(BaseModel):
     pre_round: Literal["bf16", "none"] | None = None
     ln_bias_grad: bool | None = None
     ln_internals: Literal["bf16", "fp32", "bf16_tail"] | None = None
+    # Rounding of the gradient operands of the backward GEMMs; None = ``rounding``.
+    grad_rounding: Rounding | None = None
+    # Random Hadamard transform (16x16 blocks) of both weight-gradient GEMM operands.
+    hadamard_wgrad: bool = False
+    # Module-name globs (fnmatch) kept in bf16, e.g. ["lm_head", "blocks.7.*"].
+    keep_bf16: tuple[str, ...] = ()
+    # NVFP4 weight blocks: 16x16 tiles (one scale for forward and transposed use) or 1x16.
+    nvfp4_weight_block: Literal["16x16", "1x16"] = "16x16"
 
     @field_validator("w_fmt", "a_fmt", "grad_fmt", "bwd_w_fmt", "bwd_a_fmt")
     @classmethod
@@ -99,6 +111,16 @@ class PrecisionSpec(BaseModel):
         return self
 
     @property
+    def bwd_rounding(self) -> str:
+        """Rounding of the gradient operands (``grad_rounding``, else ``rounding``)."""
+        return self.grad_rounding or self.rounding
+
+    @property
+    def stochastic(self) -> bool:
+        """True when some operand is rounded stochastically (a noise source is needed)."""
+        return "stochastic" in (self.rounding, self.bwd_rounding)
+
+    @property
     def label(self) -> str:
         """Short configuration name in the paper's style: ``<w>_<a>`` plus variants."""
         name = f"{self.w_fmt}_{self.a_fmt}"
@@ -106,7 +128,22 @@ class PrecisionSpec(BaseModel):
             name += "_quantize_only_fwd"
         if self.block_size != 32:
             name += f"_block_size_{self.block_size}"
-        return name
+        return name + self._recipe_suffix()
+
+    def _recipe_suffix(self) -> str:
+        # Variants beyond the paper's; empty at the defaults so existing labels stay.
+        suffix = ""
+        if self.rounding == "stochastic":
+            suffix += "_sr"
+        elif self.grad_rounding == "stochastic":
+            suffix += "_sr_grad"
+        if self.hadamard_wgrad:
+            suffix += "_rht"
+        if self.keep_bf16:
+            suffix += f"_keep_bf16_{len(self.keep_bf16)}"
+        if self.nvfp4_weight_block != "16x16" and "nvfp4" in (self.w_fmt, self.bwd_w_fmt):
+            suffix += "_w1x16"
+        return suffix
 
     @property
     def is_noop(self) -> bool:
@@ -116,6 +153,7 @@ class PrecisionSpec(BaseModel):
             formats == {"fp32"}
             and self.elementwise == "none"
             and self.ln == "none"
+            and not self.keep_bf16
             and self.pre_round == "none"
             and self.ln_internals == "fp32"
             and bool(self.ln_bias_grad)
