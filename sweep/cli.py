@@ -28,6 +28,9 @@ app = typer.Typer(
 console = Console(width=None if sys.stdout.isatty() else 200)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 
+# `sweep launch` that ran its runs (local, ray) and some ended failed: documented in README.
+EXIT_RUNS_FAILED = 3
+
 SweepDirArg = Annotated[Path, typer.Argument(help="sweep folder (holds runs/)")]
 
 
@@ -59,6 +62,7 @@ def launch(
     qos: Annotated[str | None, typer.Option(help="SLURM QOS")] = None,
     array_parallelism: Annotated[int | None, typer.Option(help="SLURM %% limit")] = None,
     ray_address: Annotated[str | None, typer.Option(help="Ray cluster (default local)")] = None,
+    yes: Annotated[bool, typer.Option(help="go ahead beyond launch.max_runs points")] = False,
 ) -> None:
     """Expand GRID into runs and run those not yet finished (idempotent)."""
     from sweep.launch import LaunchOptions
@@ -66,7 +70,7 @@ def launch(
     from sweep.progress import LaunchProgress
 
     if dry_run:
-        plan(grid)
+        plan(grid, yes=yes)
         return
     progress = LaunchProgress(console)
     options = LaunchOptions(
@@ -82,6 +86,7 @@ def launch(
         ray_address,
         on_event=progress.on_event,
         on_chunk=progress.on_chunk,
+        yes=yes,
     )
     try:
         with progress:
@@ -97,11 +102,24 @@ def launch(
         f"{len(result.to_submit)} via {result.executor}; skipped: {skipped}"
     )
     console.print(f"sweep folder: {result.sweep_dir}")
-    if progress.failures:
+    failed = _failed_runs(result)
+    if failed:
         console.print(
-            f"[red]{progress.failures} run(s) failed[/red]: `sweep status "
-            f"{result.sweep_dir}` shows why"
+            f"[red]{failed} run(s) failed[/red]: `sweep status {result.sweep_dir} --failures` "
+            "shows why"
         )
+        raise typer.Exit(EXIT_RUNS_FAILED)
+
+
+def _failed_runs(result) -> int:
+    """Runs a blocking launch (local, ray) ran that ended failed or vanished (stale);
+    SLURM launches return once submitted, so their outcome is not known yet."""
+    if result.executor == "slurm" or not result.to_submit:
+        return 0
+    store = SweepStore(result.sweep_dir)
+    now = time.time()
+    states = [store.record(record.run_id, now).state for record in result.to_submit]
+    return sum(state in ("failed", "stale") for state in states)
 
 
 @app.command()
@@ -114,13 +132,14 @@ def plan(
         float, typer.Option(help="sustained GFLOP/s per core for the core-hour estimate")
     ] = 10.0,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    yes: Annotated[bool, typer.Option(help="go ahead beyond launch.max_runs points")] = False,
 ) -> None:
     """Show the runs GRID expands to (N, D, C, steps) and the totals, running nothing."""
     from sweep.grid import expand_grid, load_grid, total_flops
     from sweep.plan import plan_rows, render_plan
 
     try:
-        expansion = expand_grid(load_grid(grid), grid)
+        expansion = expand_grid(load_grid(grid), grid, yes=yes)
     except GridError as err:
         _fail(str(err))
     rows = plan_rows(expansion.runs, gpu_tflops)

@@ -38,6 +38,7 @@ class LaunchOptions:
     ray_address: str | None = None
     on_event: Any = None
     on_chunk: Any = None  # SLURM: called per array chunk submitted
+    yes: bool = False  # go ahead with a grid of more than launch.max_runs points
 
 
 @dataclass
@@ -130,7 +131,7 @@ def launch(
     ``on_start(records, executor)`` is called once the runs to submit are known.
     """
     grid = load_grid(grid_path)
-    expansion = expand_grid(grid, grid_path)
+    expansion = expand_grid(grid, grid_path, yes=options.yes)
     if not expansion.runs:
         raise GridError(
             f"{grid_path}: the grid expands to no runs after filters (dropped: {expansion.dropped})"
