@@ -18,6 +18,7 @@ from rich.console import Console
 
 from sweep.errors import GridError, SweepError
 from sweep.store import SweepStore
+from sweep.triage import HUNG_AFTER_S
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -169,7 +170,8 @@ def plan(
     }
 )
 def status(ctx: typer.Context) -> None:
-    """SWEEP_DIR [--json] [--no-runs]: counts by state, then one row per run."""
+    """SWEEP_DIR [--json] [--no-runs] [--failures] [--hung-after S]: counts by state, then one
+    row per run; --failures groups failed/diverged/stale/hung runs by cause."""
     from sweep.status import main as status_main
 
     raise typer.Exit(status_main(ctx.args))
@@ -299,13 +301,17 @@ def schema() -> None:
 def cancel(
     sweep_dir: SweepDirArg,
     run_ids: Annotated[list[str] | None, typer.Argument(help="runs (default: all)")] = None,
+    hung: Annotated[
+        bool, typer.Option(help="only runs alive without a heartbeat for --hung-after s")
+    ] = False,
+    hung_after: Annotated[float, typer.Option(help="seconds without a heartbeat")] = HUNG_AFTER_S,
 ) -> None:
     """Cancel queued or running runs (all of the sweep's, or the ones named)."""
     from sweep.cancel import cancel_runs
 
     store = _open_store(sweep_dir)
     try:
-        cancelled = cancel_runs(store, run_ids or None)
+        cancelled = cancel_runs(store, run_ids or None, hung_after if hung else None)
     except SweepError as err:
         _fail(str(err))
     console.print(f"cancelled {len(cancelled)} run(s)")

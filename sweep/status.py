@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections import Counter
 from collections.abc import Container, Sequence
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from sweep.reconcile import current_records
 from sweep.store import RUN_STATES, RunRecord, SweepStore
+from sweep.triage import HUNG_AFTER_S, mark_hung, render_failures, triage
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -35,7 +37,10 @@ STATE_STYLE = {
     "preempted": "yellow",
     "cancelled": "dim",
     "pending": "dim",
+    "hung": "red",
 }
+# The store's states plus `hung`, which status derives (sweep.triage.mark_hung).
+STATES = (*RUN_STATES, "hung")
 RUN_COLUMNS = (
     "run_id",
     "config",
@@ -79,7 +84,7 @@ def run_row(record: RunRecord) -> dict[str, Any]:
 def state_counts(rows: list[dict[str, Any]]) -> dict[str, int]:
     """Runs per state, in lifecycle order, states with no run left out."""
     counts = Counter(row["state"] for row in rows)
-    return {state: counts[state] for state in RUN_STATES if counts[state]}
+    return {state: counts[state] for state in STATES if counts[state]}
 
 
 def counts_table(rows: list[dict[str, Any]]) -> Text:
@@ -173,6 +178,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--runs", action=argparse.BooleanOptionalAction, default=True, help="also list every run"
     )
+    parser.add_argument(
+        "--failures",
+        action="store_true",
+        help="failed/diverged/stale/hung runs grouped by cause, with a log tail per group",
+    )
+    parser.add_argument(
+        "--hung-after",
+        type=float,
+        default=HUNG_AFTER_S,
+        metavar="SECONDS",
+        help=f"a live run without a heartbeat for this long is hung (default {HUNG_AFTER_S:g})",
+    )
     args = parser.parse_args(argv)
     store = SweepStore(args.sweep_dir)
     if not store.runs_dir.is_dir():
@@ -181,14 +198,30 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    rows = [run_row(record) for record in current_records(store)]
+    records = current_records(store)
+    mark_hung(records, args.hung_after, time.time())
+    if args.failures:
+        return _print(failures_report(records, args.as_json))
+    rows = [run_row(record) for record in records]
     if not args.as_json:
         from rich.console import Console
 
         render(rows, Console(), show_runs=args.runs)
         return 0
+    return _print(json.dumps({"counts": state_counts(rows), "runs": rows}, indent=2))
+
+
+def failures_report(records: list[RunRecord], as_json: bool) -> str:
+    """`--failures`: the triage groups as text, or as JSON."""
+    groups = triage(records)
+    if as_json:
+        return json.dumps({"groups": [group.to_json() for group in groups]}, indent=2)
+    return render_failures(groups)
+
+
+def _print(text: str) -> int:
     try:
-        print(json.dumps({"counts": state_counts(rows), "runs": rows}, indent=2))
+        print(text)
     except BrokenPipeError:
         # The reader stopped early (`sweep status DIR --json | head`): exit as Rich does for
         # the tables, without a traceback or a second error when stdout is flushed at exit.
