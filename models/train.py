@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from models.checkpoint import load_latest, save_checkpoint
+from models.checkpoint import finite_state, load_latest, save_checkpoint
 from models.config import LMConfig, ProxyConfig, RunSpec, TrainConfig
 from models.data import build_data
 from models.distributed import (
@@ -341,6 +341,10 @@ class Trainer:
         # Every rank builds the state (gathering shards is collective); rank 0 writes it.
         state = self.state_dict(attempt_start)
         if self.world.is_main:
+            if not finite_state(state):
+                # A diverged run keeps its last finite checkpoint; resuming never loads NaNs.
+                print(f"step {self.step}: non-finite state, not checkpointed", flush=True)
+                return
             save_checkpoint(
                 self.ckpt_dir, self.step, state, keep_every=self.cfg.keep_checkpoints_every
             )
