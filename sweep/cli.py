@@ -6,6 +6,7 @@ nothing is launched in that case.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import sys
@@ -92,6 +93,14 @@ def launch(
     try:
         with progress:
             result = do_launch(grid, sweep_dir, options, on_start=progress.start)
+            ran = list(result.to_submit)
+            # Blocking executors: crashed runs with retry budget left run again right away
+            # (each round spends budget, so this ends); SLURM's are retried by the next launch.
+            while result.executor != "slurm" and _crash_retries_due(result):
+                retry = dataclasses.replace(options, retry_failed=False, update_grid=False)
+                result = do_launch(grid, sweep_dir, retry, on_start=progress.start)
+                ran += result.to_submit
+                console.print(f"retried {len(result.to_submit)} crashed run(s)")
     except (GridError, SweepError) as err:
         _fail(str(err))
     except KeyboardInterrupt:
@@ -100,10 +109,10 @@ def launch(
     skipped = ", ".join(f"{n} {s}" for s, n in sorted(result.skipped.items())) or "none"
     console.print(
         f"{len(result.expansion.runs)} runs in grid; submitted "
-        f"{len(result.to_submit)} via {result.executor}; skipped: {skipped}"
+        f"{len(ran)} via {result.executor}; skipped: {skipped}"
     )
     console.print(f"sweep folder: {result.sweep_dir}")
-    failed = _failed_runs(result)
+    failed = _failed_runs(result, ran)
     if failed:
         console.print(
             f"[red]{failed} run(s) failed[/red]: `sweep status {result.sweep_dir} --failures` "
@@ -112,15 +121,26 @@ def launch(
         raise typer.Exit(EXIT_RUNS_FAILED)
 
 
-def _failed_runs(result) -> int:
+def _failed_runs(result, ran) -> int:
     """Runs a blocking launch (local, ray) ran that ended failed or vanished (stale);
     SLURM launches return once submitted, so their outcome is not known yet."""
-    if result.executor == "slurm" or not result.to_submit:
+    if result.executor == "slurm" or not ran:
         return 0
     store = SweepStore(result.sweep_dir)
     now = time.time()
-    states = [store.record(record.run_id, now).state for record in result.to_submit]
+    states = [store.record(run_id, now).state for run_id in {r.run_id for r in ran}]
     return sum(state in ("failed", "stale") for state in states)
+
+
+def _crash_retries_due(result) -> bool:
+    """Whether a run this round ran crashed and has crash-retry budget left."""
+    from sweep.retries import crash_retry_due
+
+    store = SweepStore(result.sweep_dir)
+    max_retries = result.expansion.grid.launch.max_retries
+    now = time.time()
+    records = (store.record(r.run_id, now) for r in result.to_submit)
+    return any(crash_retry_due(record, max_retries) for record in records)
 
 
 @app.command()

@@ -61,6 +61,9 @@ class LaunchSettings(_Strict):
     max_runs: int = Field(
         default=DEFAULT_MAX_RUNS, gt=0, description="grids expanding to more ask for --yes"
     )
+    max_retries: int = Field(
+        default=1, ge=0, description="resubmissions of a crashed run (preemptions not counted)"
+    )
 
 
 class Geomspace(_Strict):

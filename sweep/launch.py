@@ -14,6 +14,7 @@ from sweep.errors import GridError
 from sweep.executors.base import Executor, Submission
 from sweep.grid import Expansion, LaunchSettings, expand_grid, load_grid
 from sweep.reconcile import current_records
+from sweep.retries import crash_retry_due, note_crash_retry
 from sweep.store import RunRecord, SweepStore
 
 # States that a plain launch (re)submits; failed/cancelled need --retry-failed.
@@ -175,6 +176,9 @@ def submit_specs(
         wanted = RESUBMIT + (RETRYABLE if options.retry_failed else ())
         for record in records:
             if record.state in wanted:
+                result.to_submit.append(record)
+            elif crash_retry_due(record, grid_launch.max_retries):
+                note_crash_retry(record)
                 result.to_submit.append(record)
             else:
                 result.skipped[record.state] = result.skipped.get(record.state, 0) + 1

@@ -165,6 +165,18 @@ def test_blocking_launch_with_failed_runs_exits_3(tmp_path, repo_root):
         timeout=300,
     )
     assert result.returncode == EXIT_RUNS_FAILED == 3, result.stdout + result.stderr
+    # launch.max_retries (default 1): each crash ran once more in the same launch.
+    assert "retried 2 crashed run(s)" in result.stdout and "submitted 4 via local" in result.stdout
     assert "2 run(s) failed" in result.stdout
-    states = {json.loads(p.read_text())["state"] for p in sweep_dir.glob("runs/*/state.json")}
-    assert states == {"failed"}
+    markers = [json.loads(p.read_text()) for p in sweep_dir.glob("runs/*/state.json")]
+    assert [(m["state"], m["attempt"]) for m in markers] == [("failed", 2)] * 2
+    assert all(m["reason"].startswith("ValueError: branching=64 exceeds") for m in markers)
+    # The budget is spent: the next launch leaves them failed.
+    again = subprocess.run(
+        [sys.executable, "-m", "sweep.cli", "launch", str(grid), "--sweep-dir", str(sweep_dir)],
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert again.returncode == 0 and "submitted 0" in again.stdout and "2 failed" in again.stdout
