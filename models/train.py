@@ -495,6 +495,12 @@ class Trainer:
             "flops_attn": flops + attn,
             "budget": spec.budget,
             "wall_time_s": t.wall_time_s,
+            # Measured over every attempt's training time (evaluation included).
+            "tokens_per_s": (self.step - (branch.step if branch else 0))
+            * spec.tokens_per_step
+            / t.wall_time_s
+            if t.wall_time_s > 0
+            else None,
             "entropy_rate": self.data.entropy_rate,
             "unigram_entropy": self.data.unigram_entropy(),
             "config": spec.tags.get("config", spec.precision.label),

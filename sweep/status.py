@@ -19,8 +19,10 @@ from collections.abc import Container, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sweep.cost import Estimate, estimate, fmt_duration, worth_showing
+from sweep.provenance import PROVENANCE_FILE
 from sweep.reconcile import current_records
-from sweep.store import RUN_STATES, RunRecord, SweepStore
+from sweep.store import RUN_STATES, RunRecord, SweepStore, read_json_if_exists
 from sweep.triage import HUNG_AFTER_S, mark_hung, render_failures, triage
 
 if TYPE_CHECKING:
@@ -203,12 +205,59 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.failures:
         return _print(failures_report(records, args.as_json))
     rows = [run_row(record) for record in records]
+    commits = Counter()
+    for record, row in zip(records, rows, strict=True):
+        row["commit"] = (read_json_if_exists(record.run_dir / PROVENANCE_FILE) or {}).get("commit")
+        if row["commit"]:
+            commits[row["commit"]] += 1
+    now = time.time()
+    per_config, total = estimate(records, now)
     if not args.as_json:
         from rich.console import Console
 
-        render(rows, Console(), show_runs=args.runs)
+        console = Console()
+        console.print(counts_table(rows), soft_wrap=True)
+        if len(commits) > 1:
+            mixed = ", ".join(f"{c[:10]} ({n} runs)" for c, n in commits.most_common())
+            console.print(f"note: runs from {len(commits)} commits: {mixed}", highlight=False)
+        if worth_showing(records):
+            console.print()
+            console.print(cost_table(per_config, total), soft_wrap=True)
+        if args.runs:
+            console.print()
+            console.print(runs_table(rows), soft_wrap=True)
         return 0
-    return _print(json.dumps({"counts": state_counts(rows), "runs": rows}, indent=2))
+    report = {
+        "counts": state_counts(rows),
+        "commits": dict(commits.most_common()),
+        "cost": {
+            "configs": {name: e.to_json() for name, e in per_config.items()},
+            "total": total.to_json(),
+        },
+        "runs": rows,
+    }
+    return _print(json.dumps(report, indent=2))
+
+
+def cost_table(per_config: dict[str, Estimate], total: Estimate) -> Text:
+    """Per config and in total: runs finished, device-hours spent and left, ETA."""
+    header = ["config", "finished", "GPU-h", "core-h", "GPU-h left", "core-h left", "ETA", "from"]
+
+    def line(name: Cell, e: Estimate) -> list[Cell]:
+        return [
+            name,
+            f"{e.finished}/{e.runs}",
+            f"{e.elapsed_hours['gpu']:.3g}",
+            f"{e.elapsed_hours['core']:.3g}",
+            f"{e.remaining_hours['gpu']:.3g}",
+            f"{e.remaining_hours['core']:.3g}",
+            fmt_duration(e.eta_s()),
+            ", ".join(f"{n} {source}" for source, n in sorted(e.sources.items())),
+        ]
+
+    lines = [line(name, e) for name, e in per_config.items()]
+    lines.append(line(("total", "bold"), total))
+    return aligned_table("cost and ETA", header, lines, right=range(1, 7))
 
 
 def failures_report(records: list[RunRecord], as_json: bool) -> str:

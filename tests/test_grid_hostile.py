@@ -171,6 +171,13 @@ def test_blocking_launch_with_failed_runs_exits_3(tmp_path, repo_root):
     markers = [json.loads(p.read_text()) for p in sweep_dir.glob("runs/*/state.json")]
     assert [(m["state"], m["attempt"]) for m in markers] == [("failed", 2)] * 2
     assert all(m["reason"].startswith("ValueError: branching=64 exceeds") for m in markers)
+    # Every attempt recorded which code it ran (sweep.provenance).
+    for path in sweep_dir.glob("runs/*/provenance.json"):
+        provenance = json.loads(path.read_text())
+        assert [a["attempt"] for a in provenance["attempts"]] == [1, 2]
+        # Local runs train in the launcher's workers: the command is the launch's.
+        assert "launch" in provenance["command"] and provenance["commit"]
+    assert len(list(sweep_dir.glob("runs/*/provenance.json"))) == 2
     # The budget is spent: the next launch leaves them failed.
     again = subprocess.run(
         [sys.executable, "-m", "sweep.cli", "launch", str(grid), "--sweep-dir", str(sweep_dir)],
