@@ -154,6 +154,10 @@ def plan(
     ] = 10.0,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
     yes: Annotated[bool, typer.Option(help="go ahead beyond launch.max_runs points")] = False,
+    calibrate_from: Annotated[
+        Path | None,
+        typer.Option(help="sweep folder whose measured throughput replaces the assumed rates"),
+    ] = None,
 ) -> None:
     """Show the runs GRID expands to (N, D, C, steps) and the totals, running nothing."""
     from sweep.grid import expand_grid, load_grid, total_flops
@@ -163,6 +167,20 @@ def plan(
         expansion = expand_grid(load_grid(grid), grid, yes=yes)
     except GridError as err:
         _fail(str(err))
+    calibration = None
+    if calibrate_from is not None:
+        from sweep.cost import calibrated_rates
+
+        measured = calibrated_rates(_open_store(calibrate_from).records())
+        if not measured:
+            _fail(f"{calibrate_from}: no run has measured throughput yet (none finished)")
+        gpu_tflops = measured["gpu"][0] / 1e12 if "gpu" in measured else gpu_tflops
+        cpu_gflops = measured["core"][0] / 1e9 if "core" in measured else cpu_gflops
+        calibration = {
+            "sweep_dir": str(calibrate_from),
+            "gpu_runs": measured.get("gpu", (0, 0))[1],
+            "cpu_runs": measured.get("core", (0, 0))[1],
+        }
     rows = plan_rows(expansion.runs, gpu_tflops)
     flops = total_flops(expansion.runs)
     totals = {
@@ -173,6 +191,7 @@ def plan(
         "cpu_core_hours": flops / (cpu_gflops * 1e9) / 3600,
         "assumed_gpu_tflops": gpu_tflops,
         "assumed_cpu_gflops": cpu_gflops,
+        "calibrated_from": calibration,
     }
     if as_json:
         print(json.dumps({"runs": rows, "totals": totals}, indent=2))

@@ -237,3 +237,9 @@ def fmt_duration(seconds: float | None) -> str:
     if seconds < 172800:
         return f"{seconds / 3600:.1f}h"
     return f"{seconds / 86400:.1f}d"
+
+
+def calibrated_rates(records: list[RunRecord]) -> dict[str, tuple[float, int]]:
+    """{"gpu"|"core": (median measured FLOP/s per device, runs measured)} of a sweep."""
+    book = RateBook(records)
+    return {kind: (statistics.median(rates), len(rates)) for kind, rates in book.by_kind.items()}

@@ -142,3 +142,33 @@ def test_status_exposes_commits_and_flags_a_mixed_sweep(sweep):
     assert "note: runs from 2 commits: c1c1c1c1c1 (2 runs), c2c2c2c2c2 (1 runs)" in _status(
         str(store.root), "--no-runs"
     )
+
+
+def test_plan_calibrated_from_a_previous_sweep(sweep, tmp_path):
+    from typer.testing import CliRunner
+
+    from sweep.cli import app
+
+    store, specs, _ = sweep
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(
+        "name: next\nbase: {model: {vocab_size: 64, seq_len: 16, head_dim: 32, d_model: 64},"
+        " train: {batch_size: 4, steps: 1000}, resources: {cpus: 2}}\naxes: {seed: [0, 1]}\n"
+    )
+    runner = CliRunner()
+    plain = json.loads(runner.invoke(app, ["plan", str(grid), "--json"]).output)["totals"]
+    result = runner.invoke(app, ["plan", str(grid), "--json", "--calibrate-from", str(store.root)])
+    assert result.exit_code == 0, result.output
+    totals = json.loads(result.output)["totals"]
+    n_a = specs[0].model.param_count()
+    per_core = (6 * n_a * 1000.0 / 2 + 6 * n_a * 640.0 / 2) / 2
+    assert totals["assumed_cpu_gflops"] == pytest.approx(per_core / 1e9)
+    assert totals["cpu_core_hours"] == pytest.approx(totals["flops"] / per_core / 3600)
+    assert totals["cpu_core_hours"] != pytest.approx(plain["cpu_core_hours"])
+    assert totals["calibrated_from"] == {"sweep_dir": str(store.root), "gpu_runs": 0, "cpu_runs": 2}
+    assert totals["assumed_gpu_tflops"] == 150.0  # no GPU run measured: still assumed
+    empty = SweepStore(tmp_path / "empty")
+    empty.initialise("name: t\n", [], update_grid=False)
+    empty.runs_dir.mkdir()
+    refused = runner.invoke(app, ["plan", str(grid), "--calibrate-from", str(empty.root)])
+    assert refused.exit_code == 2 and "no run has measured throughput" in refused.output
