@@ -13,6 +13,7 @@ from models.config import RunSpec
 from sweep.errors import GridError
 from sweep.executors.base import Executor, Submission
 from sweep.grid import Expansion, LaunchSettings, expand_grid, load_grid
+from sweep.preflight import preflight
 from sweep.reconcile import current_records
 from sweep.retries import crash_retry_due, note_crash_retry
 from sweep.store import RunRecord, SweepStore
@@ -139,6 +140,14 @@ def launch(
         )
     executor_name = resolve_executor_name(options.executor or grid.launch.executor)
     check_resources(str(grid_path), expansion.runs, executor_name)
+    preflight(
+        str(grid_path),
+        expansion.runs,
+        executor_name,
+        options.partition or grid.launch.partition,
+        options.account or grid.launch.account,
+        options.qos or grid.launch.qos,
+    )
     store = SweepStore(sweep_dir or default_sweep_dir(grid_path, grid.name))
     result = LaunchResult(expansion, executor=executor_name, sweep_dir=store.root)
     if options.dry_run:
