@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import importlib
 
-BENCHMARKS = ("bench.bench_mx", "bench.bench_train", "bench.bench_sweep", "bench.bench_analysis")
+BENCHMARKS = (
+    "bench.bench_mx",
+    "bench.bench_train",
+    "bench.bench_sweep",
+    "bench.bench_analysis",
+    "bench.bench_scale",
+)
 
 
 def main() -> None:
