@@ -11,6 +11,7 @@ BENCHMARKS = (
     "bench.bench_sweep",
     "bench.bench_analysis",
     "bench.bench_recipe",
+    "bench.bench_scale",
 )
 
 

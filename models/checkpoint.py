@@ -38,21 +38,43 @@ def save_checkpoint(
     return path
 
 
+def finite_state(state: Any) -> bool:
+    """True when every floating-point tensor in a nested state is finite: a
+    diverged run's NaN/Inf weights or optimizer moments must never become a checkpoint."""
+    stack = [state]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, torch.Tensor):
+            if node.is_floating_point() and not bool(torch.isfinite(node).all()):
+                return False
+        elif isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list | tuple):
+            stack.extend(node)
+    return True
+
+
 def load_checkpoint(path: Path) -> dict[str, Any]:
     """One checkpoint file's state (CPU tensors)."""
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
 def load_latest(ckpt_dir: Path) -> dict[str, Any] | None:
-    """The newest checkpoint that loads, or None when there is none.
+    """The newest checkpoint that loads and holds a finite state, or None when there is none.
 
     Writes are atomic, so an unreadable file means outside damage; it is skipped with a
-    warning rather than ending the run, and the next older checkpoint is used.
+    warning rather than ending the run, and the next older checkpoint is used. So is a
+    poisoned one (NaN/Inf, written before checkpoints were checked): resuming from it
+    could only diverge again.
     """
     for step in reversed(checkpoint_steps(ckpt_dir)):
         path = checkpoint_path(ckpt_dir, step)
         try:
-            return load_checkpoint(path)
+            state = load_checkpoint(path)
         except Exception as err:  # any unreadable file is treated alike
             warnings.warn(f"skipping unreadable checkpoint {path}: {err}", stacklevel=2)
+            continue
+        if finite_state(state):
+            return state
+        warnings.warn(f"skipping checkpoint {path}: non-finite state", stacklevel=2)
     return None

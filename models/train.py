@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from models.checkpoint import load_latest, save_checkpoint
+from models.checkpoint import finite_state, load_latest, save_checkpoint
 from models.config import LMConfig, ProxyConfig, RunSpec, TrainConfig
 from models.data import build_data
 from models.distributed import (
@@ -366,6 +366,10 @@ class Trainer:
         # Every rank builds the state (gathering shards is collective); rank 0 writes it.
         state = self.state_dict(attempt_start)
         if self.world.is_main:
+            if not finite_state(state):
+                # A diverged run keeps its last finite checkpoint; resuming never loads NaNs.
+                print(f"step {self.step}: non-finite state, not checkpointed", flush=True)
+                return
             save_checkpoint(
                 self.ckpt_dir, self.step, state, keep_every=self.cfg.keep_checkpoints_every
             )
@@ -538,6 +542,12 @@ class Trainer:
             "flops_attn": flops + attn,
             "budget": spec.budget,
             "wall_time_s": t.wall_time_s,
+            # Measured over every attempt's training time (evaluation included).
+            "tokens_per_s": (self.step - (branch.step if branch else 0))
+            * spec.tokens_per_step
+            / t.wall_time_s
+            if t.wall_time_s > 0
+            else None,
             "entropy_rate": self.data.entropy_rate,
             "unigram_entropy": self.data.unigram_entropy(),
             "config": spec.tags.get("config", spec.precision.label),

@@ -13,18 +13,28 @@ from sweep.store import CANCEL_FILE, RunRecord, SweepStore
 ACTIVE = ("queued", "running")
 
 
-def cancel_runs(store: SweepStore, run_ids: list[str] | None) -> list[RunRecord]:
-    """Cancel the named (default: all) active runs; return the ones cancelled."""
+def cancel_runs(
+    store: SweepStore, run_ids: list[str] | None, hung_after_s: float | None = None
+) -> list[RunRecord]:
+    """Cancel the named (default: all) active runs; return the ones cancelled. With
+    ``hung_after_s``, only the hung ones (alive, no heartbeat for that long): they are
+    killed outright, since a run that makes no progress never reaches its checkpoint."""
+    import time
+
     from sweep.reconcile import current_records
+    from sweep.triage import mark_hung
 
     records = current_records(store)
+    if hung_after_s is not None:
+        mark_hung(records, hung_after_s, time.time())
     if run_ids:
         known = {r.run_id for r in records}
         unknown = [rid for rid in run_ids if rid not in known]
         if unknown:
             raise SweepError(f"{store.root}: unknown run id(s) {', '.join(unknown)}")
         records = [r for r in records if r.run_id in run_ids]
-    active = [r for r in records if r.state in ACTIVE and r.submission]
+    wanted = ("hung",) if hung_after_s is not None else ACTIVE
+    active = [r for r in records if r.state in wanted and r.submission]
     slurm = [r.submission for r in active if r.submission.executor == "slurm"]
     if slurm:
         from sweep.executors.slurm import SlurmExecutor
@@ -33,23 +43,21 @@ def cancel_runs(store: SweepStore, run_ids: list[str] | None) -> list[RunRecord]
     for record in active:
         # The request file tells a run that receives SIGTERM to stop as cancelled, not preempted.
         atomic_write_json(record.run_dir / CANCEL_FILE, {"attempt": record.attempt})
+        hung = record.state == "hung"
         if record.submission.executor != "slurm":
-            _signal_local(record)
+            _signal_local(record, signal.SIGKILL if hung else signal.SIGTERM)
         marker = dict(record.marker or {})
-        marker.update(
-            {
-                "state": "cancelled",
-                "attempt": record.attempt,
-                "reason": "cancelled by `sweep cancel`",
-            }
-        )
+        reason = "cancelled by `sweep cancel`"
+        if hung:
+            reason = f"hung at step {record.step} (no heartbeat); killed by `sweep cancel --hung`"
+        marker.update({"state": "cancelled", "attempt": record.attempt, "reason": reason})
         atomic_write_json(record.run_dir / "state.json", marker)
     return active
 
 
-def _signal_local(record: RunRecord) -> None:
-    """SIGTERM a local run's process: it checkpoints and stops."""
+def _signal_local(record: RunRecord, signum: int = signal.SIGTERM) -> None:
+    """Signal a local run's process: SIGTERM checkpoints and stops it, SIGKILL ends it."""
     pid = (record.marker or {}).get("pid")
     if pid:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(int(pid), signal.SIGTERM)
+            os.kill(int(pid), signum)

@@ -6,6 +6,7 @@ nothing is launched in that case.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import sys
@@ -18,6 +19,7 @@ from rich.console import Console
 
 from sweep.errors import GridError, SweepError
 from sweep.store import SweepStore
+from sweep.triage import HUNG_AFTER_S
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -27,6 +29,9 @@ app = typer.Typer(
 # Piped output (CI logs, files) gets wide tables instead of Rich's 80-column default.
 console = Console(width=None if sys.stdout.isatty() else 200)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+
+# `sweep launch` that ran its runs (local, ray) and some ended failed: documented in README.
+EXIT_RUNS_FAILED = 3
 
 SweepDirArg = Annotated[Path, typer.Argument(help="sweep folder (holds runs/)")]
 
@@ -59,6 +64,7 @@ def launch(
     qos: Annotated[str | None, typer.Option(help="SLURM QOS")] = None,
     array_parallelism: Annotated[int | None, typer.Option(help="SLURM %% limit")] = None,
     ray_address: Annotated[str | None, typer.Option(help="Ray cluster (default local)")] = None,
+    yes: Annotated[bool, typer.Option(help="go ahead beyond launch.max_runs points")] = False,
 ) -> None:
     """Expand GRID into runs and run those not yet finished (idempotent)."""
     from sweep.launch import LaunchOptions
@@ -66,7 +72,7 @@ def launch(
     from sweep.progress import LaunchProgress
 
     if dry_run:
-        plan(grid)
+        plan(grid, yes=yes)
         return
     progress = LaunchProgress(console)
     options = LaunchOptions(
@@ -82,10 +88,19 @@ def launch(
         ray_address,
         on_event=progress.on_event,
         on_chunk=progress.on_chunk,
+        yes=yes,
     )
     try:
         with progress:
             result = do_launch(grid, sweep_dir, options, on_start=progress.start)
+            ran = list(result.to_submit)
+            # Blocking executors: crashed runs with retry budget left run again right away
+            # (each round spends budget, so this ends); SLURM's are retried by the next launch.
+            while result.executor != "slurm" and _crash_retries_due(result):
+                retry = dataclasses.replace(options, retry_failed=False, update_grid=False)
+                result = do_launch(grid, sweep_dir, retry, on_start=progress.start)
+                ran += result.to_submit
+                console.print(f"retried {len(result.to_submit)} crashed run(s)")
     except (GridError, SweepError) as err:
         _fail(str(err))
     except KeyboardInterrupt:
@@ -94,14 +109,38 @@ def launch(
     skipped = ", ".join(f"{n} {s}" for s, n in sorted(result.skipped.items())) or "none"
     console.print(
         f"{len(result.expansion.runs)} runs in grid; submitted "
-        f"{len(result.to_submit)} via {result.executor}; skipped: {skipped}"
+        f"{len(ran)} via {result.executor}; skipped: {skipped}"
     )
     console.print(f"sweep folder: {result.sweep_dir}")
-    if progress.failures:
+    failed = _failed_runs(result, ran)
+    if failed:
         console.print(
-            f"[red]{progress.failures} run(s) failed[/red]: `sweep status "
-            f"{result.sweep_dir}` shows why"
+            f"[red]{failed} run(s) failed[/red]: `sweep status {result.sweep_dir} --failures` "
+            "shows why"
         )
+        raise typer.Exit(EXIT_RUNS_FAILED)
+
+
+def _failed_runs(result, ran) -> int:
+    """Runs a blocking launch (local, ray) ran that ended failed or vanished (stale);
+    SLURM launches return once submitted, so their outcome is not known yet."""
+    if result.executor == "slurm" or not ran:
+        return 0
+    store = SweepStore(result.sweep_dir)
+    now = time.time()
+    states = [store.record(run_id, now).state for run_id in {r.run_id for r in ran}]
+    return sum(state in ("failed", "stale") for state in states)
+
+
+def _crash_retries_due(result) -> bool:
+    """Whether a run this round ran crashed and has crash-retry budget left."""
+    from sweep.retries import crash_retry_due
+
+    store = SweepStore(result.sweep_dir)
+    max_retries = result.expansion.grid.launch.max_retries
+    now = time.time()
+    records = (store.record(r.run_id, now) for r in result.to_submit)
+    return any(crash_retry_due(record, max_retries) for record in records)
 
 
 @app.command()
@@ -114,15 +153,34 @@ def plan(
         float, typer.Option(help="sustained GFLOP/s per core for the core-hour estimate")
     ] = 10.0,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    yes: Annotated[bool, typer.Option(help="go ahead beyond launch.max_runs points")] = False,
+    calibrate_from: Annotated[
+        Path | None,
+        typer.Option(help="sweep folder whose measured throughput replaces the assumed rates"),
+    ] = None,
 ) -> None:
     """Show the runs GRID expands to (N, D, C, steps) and the totals, running nothing."""
     from sweep.grid import expand_grid, load_grid, total_flops
     from sweep.plan import plan_rows, render_plan
 
     try:
-        expansion = expand_grid(load_grid(grid), grid)
+        expansion = expand_grid(load_grid(grid), grid, yes=yes)
     except GridError as err:
         _fail(str(err))
+    calibration = None
+    if calibrate_from is not None:
+        from sweep.cost import calibrated_rates
+
+        measured = calibrated_rates(_open_store(calibrate_from).records())
+        if not measured:
+            _fail(f"{calibrate_from}: no run has measured throughput yet (none finished)")
+        gpu_tflops = measured["gpu"][0] / 1e12 if "gpu" in measured else gpu_tflops
+        cpu_gflops = measured["core"][0] / 1e9 if "core" in measured else cpu_gflops
+        calibration = {
+            "sweep_dir": str(calibrate_from),
+            "gpu_runs": measured.get("gpu", (0, 0))[1],
+            "cpu_runs": measured.get("core", (0, 0))[1],
+        }
     rows = plan_rows(expansion.runs, gpu_tflops)
     flops = total_flops(expansion.runs)
     totals = {
@@ -133,6 +191,7 @@ def plan(
         "cpu_core_hours": flops / (cpu_gflops * 1e9) / 3600,
         "assumed_gpu_tflops": gpu_tflops,
         "assumed_cpu_gflops": cpu_gflops,
+        "calibrated_from": calibration,
     }
     if as_json:
         print(json.dumps({"runs": rows, "totals": totals}, indent=2))
@@ -150,7 +209,8 @@ def plan(
     }
 )
 def status(ctx: typer.Context) -> None:
-    """SWEEP_DIR [--json] [--no-runs]: counts by state, then one row per run."""
+    """SWEEP_DIR [--json] [--no-runs] [--failures] [--hung-after S]: counts by state, then one
+    row per run; --failures groups failed/diverged/stale/hung runs by cause."""
     from sweep.status import main as status_main
 
     raise typer.Exit(status_main(ctx.args))
@@ -280,13 +340,17 @@ def schema() -> None:
 def cancel(
     sweep_dir: SweepDirArg,
     run_ids: Annotated[list[str] | None, typer.Argument(help="runs (default: all)")] = None,
+    hung: Annotated[
+        bool, typer.Option(help="only runs alive without a heartbeat for --hung-after s")
+    ] = False,
+    hung_after: Annotated[float, typer.Option(help="seconds without a heartbeat")] = HUNG_AFTER_S,
 ) -> None:
     """Cancel queued or running runs (all of the sweep's, or the ones named)."""
     from sweep.cancel import cancel_runs
 
     store = _open_store(sweep_dir)
     try:
-        cancelled = cancel_runs(store, run_ids or None)
+        cancelled = cancel_runs(store, run_ids or None, hung_after if hung else None)
     except SweepError as err:
         _fail(str(err))
     console.print(f"cancelled {len(cancelled)} run(s)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,9 +23,17 @@ from models.config import RunSpec
 from models.flops import steps_for_budget
 from mx.spec import FORMATS
 from sweep.errors import GridError
+from sweep.safe_yaml import YamlBudgetError, load_untrusted
 
 SPECIAL_AXES = ("budget", "seed", "precision", "shape", "d_model")
 RUNSPEC_FIELDS = tuple(RunSpec.model_fields)
+# RunSpec fields that are mappings; axes write into them.
+SECTIONS = ("model", "data", "train", "precision", "resources", "tags")
+# A sweep name becomes a folder under sweeps/: one path component, no dot-only names.
+SLUG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+# Geomspace and expansion caps keep a typo (num: 1e9) from allocating before it is refused.
+MAX_GEOMSPACE = 10_000
+DEFAULT_MAX_RUNS = 20_000
 
 
 class _Strict(BaseModel):
@@ -49,6 +58,12 @@ class LaunchSettings(_Strict):
     account: str | None = None
     qos: str | None = None
     array_parallelism: int | None = Field(default=None, gt=0)
+    max_runs: int = Field(
+        default=DEFAULT_MAX_RUNS, gt=0, description="grids expanding to more ask for --yes"
+    )
+    max_retries: int = Field(
+        default=1, ge=0, description="resubmissions of a crashed run (preemptions not counted)"
+    )
 
 
 class Geomspace(_Strict):
@@ -61,6 +76,8 @@ class Geomspace(_Strict):
         start, stop, num = self.geomspace
         if num < 1 or start <= 0 or stop <= 0:
             raise ValueError(f"geomspace needs start, stop > 0 and num >= 1, got {self.geomspace}")
+        if num > MAX_GEOMSPACE:
+            raise ValueError(f"geomspace num={num} is more than {MAX_GEOMSPACE:,} budgets")
         if num == 1:
             return [start, *self.extra]
         ratio = (stop / start) ** (1.0 / (num - 1))
@@ -85,12 +102,25 @@ class GridSpec(_Strict):
     filters: Filters = Field(default_factory=Filters)
     launch: LaunchSettings = Field(default_factory=LaunchSettings)
 
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, name: str) -> str:
+        if not SLUG.match(name) or set(name) <= {"."}:
+            raise ValueError(
+                "must be a slug (letters, digits, '.', '_', '-'; starting with a letter or "
+                "digit; at most 100 characters): it names the folder sweeps/<name>"
+            )
+        return name
+
     @field_validator("base")
     @classmethod
     def _base_keys(cls, base: dict[str, Any]) -> dict[str, Any]:
         unknown = sorted(set(base) - set(RUNSPEC_FIELDS))
         if unknown:
             raise ValueError(f"unknown key {unknown[0]!r}; allowed: {', '.join(RUNSPEC_FIELDS)}")
+        for key in SECTIONS:
+            if key in base and not isinstance(base[key], dict):
+                raise ValueError(f"{key}: expected a mapping, got {base[key]!r}")
         return base
 
 
@@ -107,24 +137,45 @@ def load_grid(path: str | Path) -> GridSpec:
     """Read and validate a grid YAML (with includes); raise GridError naming file and key."""
     path = Path(path)
     raw = _read_yaml_with_includes(path, seen=())
+    _reject_non_finite(path, raw)
     try:
         return GridSpec.model_validate(raw)
     except ValidationError as err:
         raise GridError(_format_validation(path, err)) from None
 
 
-def expand_grid(grid: GridSpec, source: str | Path = "<grid>") -> Expansion:
-    """Cross (and zip) the axes over the base, derive steps from budgets, filter, validate."""
+def expand_grid(grid: GridSpec, source: str | Path = "<grid>", *, yes: bool = False) -> Expansion:
+    """Cross (and zip) the axes over the base, derive steps from budgets, filter, validate.
+
+    A grid crossing to more than ``launch.max_runs`` points is refused unless ``yes``.
+    """
     axes = {name: _axis_values(source, name, values) for name, values in grid.axes.items()}
+    points = _point_count(axes, grid.zip)
+    if points > grid.launch.max_runs and not yes:
+        raise GridError(
+            f"{source}: the axes cross to {points:,} points (before filters), more than "
+            f"launch.max_runs={grid.launch.max_runs:,}; pass --yes to go ahead, or raise "
+            "launch.max_runs in the grid"
+        )
     runs: dict[str, RunSpec] = {}
     dropped = {"tokens_per_param": 0, "min_steps": 0, "duplicate": 0}
     for point in _points(source, axes, grid.zip):
         spec_dict = copy.deepcopy(grid.base)
-        for axis, (_, value) in point.items():
-            _apply_axis(spec_dict, axis, value)
+        for axis, (index, value) in point.items():
+            try:
+                _apply_axis(spec_dict, axis, value)
+            except ValueError as err:
+                raise GridError(f"{source}: axes.{axis}[{index}]: {err}") from None
         spec = _validate_point(source, spec_dict, point)
         if spec.budget is not None:
-            spec, reason = _with_budget_steps(spec, grid.filters)
+            try:
+                spec, reason = _with_budget_steps(spec, grid.filters)
+            except (ArithmeticError, ValueError) as err:
+                where = ", ".join(f"axes.{axis}[{index}]" for axis, (index, _) in point.items())
+                raise GridError(
+                    f"{source}: {where}: budget {spec.budget:g} gives no usable step count "
+                    f"({type(err).__name__}: {err})"
+                ) from None
             if reason:
                 dropped[reason] += 1
                 continue
@@ -150,20 +201,60 @@ def _read_yaml_with_includes(path: Path, seen: tuple[Path, ...]) -> dict[str, An
     if path.resolve() in seen:
         raise GridError(f"{path}: include cycle through {', '.join(map(str, seen))}")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = load_untrusted(path.read_text()) or {}
     except yaml.YAMLError as err:
         raise GridError(f"{path}: not valid YAML: {err}") from None
+    except YamlBudgetError as err:
+        raise GridError(f"{path}: refused: the document {err}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise GridError(f"{path}: cannot read the grid: {err}") from None
     if not isinstance(raw, dict):
         raise GridError(f"{path}: top level must be a mapping, got {type(raw).__name__}")
     includes = raw.pop("include", [])
     if isinstance(includes, str):
         includes = [includes]
+    if not isinstance(includes, list) or not all(isinstance(i, str) for i in includes):
+        raise GridError(
+            f"{path}: include: expected a file name or a list of them, got {includes!r}"
+        )
     merged: dict[str, Any] = {}
     for include in includes:
         merged = deep_merge(
             merged, _read_yaml_with_includes(path.parent / include, (*seen, path.resolve()))
         )
     return deep_merge(merged, raw)
+
+
+def _reject_non_finite(path: Path, raw: Any) -> None:
+    """inf/nan anywhere in a grid is a typo (``.inf``); refuse it with its key path."""
+    stack: list[tuple[str, Any]] = [("", raw)]
+    while stack:
+        where, node = stack.pop()
+        if isinstance(node, float) and not math.isfinite(node):
+            raise GridError(f"{path}: {where or '(top level)'}: {node!r} is not a finite number")
+        if isinstance(node, dict):
+            stack.extend((f"{where}.{key}" if where else str(key), v) for key, v in node.items())
+        elif isinstance(node, list):
+            stack.extend((f"{where}[{i}]", v) for i, v in enumerate(node))
+
+
+def as_number(value: Any) -> float | None:
+    """A finite positive-or-not number from a YAML value, numeric strings (``"1e11"``)
+    included; None when it is not one (bools are not numbers)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value.strip().replace("_", ""))
+        except ValueError:
+            return None
+    if not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -207,12 +298,25 @@ def _axis_values(source: str | Path, name: str, values: list[Any] | Geomspace) -
                         f"{entry[role]!r}; allowed: {', '.join(FORMATS)}"
                     )
     if name == "budget":
-        for i, value in enumerate(values):
-            if not isinstance(value, int | float) or value <= 0:
+        numbers = [as_number(value) for value in values]
+        for i, (value, number) in enumerate(zip(values, numbers, strict=True)):
+            if number is None or number <= 0:
                 raise GridError(
-                    f"{source}: axes.budget[{i}]: {value!r} is not a positive number of FLOPs"
+                    f"{source}: axes.budget[{i}]: {value!r} is not a positive finite number "
+                    "of FLOPs"
                 )
+        return numbers
     return list(values)
+
+
+def _point_count(axes: dict[str, list[Any]], zips: list[list[str]]) -> int:
+    """How many points the axes cross to (a zipped group counts once; bad zips are
+    reported by _points)."""
+    zipped = {name for group in zips for name in group}
+    count = math.prod(len(values) for name, values in axes.items() if name not in zipped)
+    for group in zips:
+        count *= min((len(axes[name]) for name in group if name in axes), default=1)
+    return count
 
 
 def _points(source: str | Path, axes: dict[str, list[Any]], zips: list[list[str]]):
@@ -252,6 +356,8 @@ def _apply_axis(spec: dict[str, Any], axis: str, value: Any) -> None:
         spec.setdefault("model", {})["d_model"] = value
     elif axis == "shape":
         shape = {"d_model": value} if isinstance(value, int) else value
+        if not isinstance(shape, dict):
+            raise ValueError(f"expected a d_model or a mapping like {{d_model: 64}}, got {value!r}")
         spec["model"] = deep_merge(spec.get("model", {}), shape)
     elif axis == "precision":
         entry = dict(value)
@@ -262,8 +368,11 @@ def _apply_axis(spec: dict[str, Any], axis: str, value: Any) -> None:
     else:
         node = spec
         *parents, leaf = axis.split(".")
-        for part in parents:
+        for depth, part in enumerate(parents):
             node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                where = ".".join(parents[: depth + 1])
+                raise ValueError(f"base.{where} is {node!r}, not a mapping this axis can set")
         node[leaf] = value
 
 

@@ -13,7 +13,9 @@ from models.config import RunSpec
 from sweep.errors import GridError
 from sweep.executors.base import Executor, Submission
 from sweep.grid import Expansion, LaunchSettings, expand_grid, load_grid
+from sweep.preflight import preflight
 from sweep.reconcile import current_records
+from sweep.retries import crash_retry_due, note_crash_retry
 from sweep.store import RunRecord, SweepStore
 
 # States that a plain launch (re)submits; failed/cancelled need --retry-failed.
@@ -38,6 +40,7 @@ class LaunchOptions:
     ray_address: str | None = None
     on_event: Any = None
     on_chunk: Any = None  # SLURM: called per array chunk submitted
+    yes: bool = False  # go ahead with a grid of more than launch.max_runs points
 
 
 @dataclass
@@ -130,13 +133,21 @@ def launch(
     ``on_start(records, executor)`` is called once the runs to submit are known.
     """
     grid = load_grid(grid_path)
-    expansion = expand_grid(grid, grid_path)
+    expansion = expand_grid(grid, grid_path, yes=options.yes)
     if not expansion.runs:
         raise GridError(
             f"{grid_path}: the grid expands to no runs after filters (dropped: {expansion.dropped})"
         )
     executor_name = resolve_executor_name(options.executor or grid.launch.executor)
     check_resources(str(grid_path), expansion.runs, executor_name)
+    preflight(
+        str(grid_path),
+        expansion.runs,
+        executor_name,
+        options.partition or grid.launch.partition,
+        options.account or grid.launch.account,
+        options.qos or grid.launch.qos,
+    )
     store = SweepStore(sweep_dir or default_sweep_dir(grid_path, grid.name))
     result = LaunchResult(expansion, executor=executor_name, sweep_dir=store.root)
     if options.dry_run:
@@ -174,6 +185,9 @@ def submit_specs(
         wanted = RESUBMIT + (RETRYABLE if options.retry_failed else ())
         for record in records:
             if record.state in wanted:
+                result.to_submit.append(record)
+            elif crash_retry_due(record, grid_launch.max_retries):
+                note_crash_retry(record)
                 result.to_submit.append(record)
             else:
                 result.skipped[record.state] = result.skipped.get(record.state, 0) + 1

@@ -90,3 +90,9 @@ def render_plan(rows: list[dict[str, Any]], totals: dict[str, Any], console: Con
         f"per GPU, ~{totals['cpu_core_hours']:.2f} core-hours at "
         f"{totals['assumed_cpu_gflops']:g} GFLOP/s per core; dropped points: {dropped}"
     )
+    if totals.get("calibrated_from"):
+        cal = totals["calibrated_from"]
+        console.print(
+            f"rates measured in {cal['sweep_dir']}: median of {cal['gpu_runs']} GPU and "
+            f"{cal['cpu_runs']} CPU run(s) (a kind with none keeps the assumed rate)"
+        )

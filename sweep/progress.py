@@ -38,6 +38,11 @@ class LaunchProgress:
         """Called by launch once it knows which runs it submits."""
         if not records:
             return
+        if self._progress is not None and executor != "slurm":
+            # A retry round of the same launch: its runs join the bar already shown.
+            total = self._progress.tasks[0].total or 0
+            self._progress.update(self._task, total=total + len(records))
+            return
         if executor != "slurm":
             self._show("runs", len(records), "")
         elif self.console.is_terminal:

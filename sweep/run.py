@@ -42,6 +42,7 @@ class StateWriter:
         self._last_write = 0.0
         self._last_loss: float | None = None
         self._first_step_at: float | None = None
+        self._first_step: int | None = None
 
     def write(self, state: str, step: int, **extra) -> None:
         atomic_write_json(
@@ -55,6 +56,7 @@ class StateWriter:
                 "started_at": self.started,
                 "last_loss": self._last_loss,
                 "first_step_at": self._first_step_at,
+                "first_step": self._first_step,  # with first_step_at: measured steps/s
                 "host": socket.gethostname(),
                 "pid": os.getpid(),  # rank 0's: a stop signal to it reaches every rank
                 "processes": self.processes,
@@ -69,6 +71,7 @@ class StateWriter:
         first = self._first_step_at is None
         if first:
             self._first_step_at = time.time()
+            self._first_step = step
         if first or time.monotonic() - self._last_write >= HEARTBEAT_EVERY_S:
             self._last_write = time.monotonic()
             self.write("running", step)
@@ -120,6 +123,7 @@ def _lead(spec: RunSpec, run_dir: Path, marker: dict, world: World) -> int:
             flush=True,
         )
     writer.write("running", start_step)
+    _record_provenance(run_dir, attempt)
     try:
         summary = train_run(spec, run_dir, reporter=writer)
     except Preempted as stop:
@@ -157,6 +161,17 @@ def _follow(spec: RunSpec, run_dir: Path) -> int:
         traceback.print_exc()
         return EXIT_FAILED
     return EXIT_OK
+
+
+def _record_provenance(run_dir: Path, attempt: int) -> None:
+    """Which code, packages and machine this attempt runs on (sweep.provenance); a run
+    never fails for want of it."""
+    from sweep.provenance import write_provenance
+
+    try:
+        write_provenance(run_dir, attempt)
+    except OSError as err:
+        print(f"note: provenance not recorded: {err}", flush=True)
 
 
 def _cancel_requested(run_dir: Path, attempt: int) -> bool:

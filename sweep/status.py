@@ -13,13 +13,17 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections import Counter
 from collections.abc import Container, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sweep.cost import Estimate, estimate, fmt_duration, worth_showing
+from sweep.provenance import PROVENANCE_FILE
 from sweep.reconcile import current_records
-from sweep.store import RUN_STATES, RunRecord, SweepStore
+from sweep.store import RUN_STATES, RunRecord, SweepStore, read_json_if_exists
+from sweep.triage import HUNG_AFTER_S, mark_hung, render_failures, triage
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -35,7 +39,10 @@ STATE_STYLE = {
     "preempted": "yellow",
     "cancelled": "dim",
     "pending": "dim",
+    "hung": "red",
 }
+# The store's states plus `hung`, which status derives (sweep.triage.mark_hung).
+STATES = (*RUN_STATES, "hung")
 RUN_COLUMNS = (
     "run_id",
     "config",
@@ -79,7 +86,7 @@ def run_row(record: RunRecord) -> dict[str, Any]:
 def state_counts(rows: list[dict[str, Any]]) -> dict[str, int]:
     """Runs per state, in lifecycle order, states with no run left out."""
     counts = Counter(row["state"] for row in rows)
-    return {state: counts[state] for state in RUN_STATES if counts[state]}
+    return {state: counts[state] for state in STATES if counts[state]}
 
 
 def counts_table(rows: list[dict[str, Any]]) -> Text:
@@ -173,6 +180,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--runs", action=argparse.BooleanOptionalAction, default=True, help="also list every run"
     )
+    parser.add_argument(
+        "--failures",
+        action="store_true",
+        help="failed/diverged/stale/hung runs grouped by cause, with a log tail per group",
+    )
+    parser.add_argument(
+        "--hung-after",
+        type=float,
+        default=HUNG_AFTER_S,
+        metavar="SECONDS",
+        help=f"a live run without a heartbeat for this long is hung (default {HUNG_AFTER_S:g})",
+    )
     args = parser.parse_args(argv)
     store = SweepStore(args.sweep_dir)
     if not store.runs_dir.is_dir():
@@ -181,14 +200,77 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    rows = [run_row(record) for record in current_records(store)]
+    records = current_records(store)
+    mark_hung(records, args.hung_after, time.time())
+    if args.failures:
+        return _print(failures_report(records, args.as_json))
+    rows = [run_row(record) for record in records]
+    commits = Counter()
+    for record, row in zip(records, rows, strict=True):
+        row["commit"] = (read_json_if_exists(record.run_dir / PROVENANCE_FILE) or {}).get("commit")
+        if row["commit"]:
+            commits[row["commit"]] += 1
+    now = time.time()
+    per_config, total = estimate(records, now)
     if not args.as_json:
         from rich.console import Console
 
-        render(rows, Console(), show_runs=args.runs)
+        console = Console()
+        console.print(counts_table(rows), soft_wrap=True)
+        if len(commits) > 1:
+            mixed = ", ".join(f"{c[:10]} ({n} runs)" for c, n in commits.most_common())
+            console.print(f"note: runs from {len(commits)} commits: {mixed}", highlight=False)
+        if worth_showing(records):
+            console.print()
+            console.print(cost_table(per_config, total), soft_wrap=True)
+        if args.runs:
+            console.print()
+            console.print(runs_table(rows), soft_wrap=True)
         return 0
+    report = {
+        "counts": state_counts(rows),
+        "commits": dict(commits.most_common()),
+        "cost": {
+            "configs": {name: e.to_json() for name, e in per_config.items()},
+            "total": total.to_json(),
+        },
+        "runs": rows,
+    }
+    return _print(json.dumps(report, indent=2))
+
+
+def cost_table(per_config: dict[str, Estimate], total: Estimate) -> Text:
+    """Per config and in total: runs finished, device-hours spent and left, ETA."""
+    header = ["config", "finished", "GPU-h", "core-h", "GPU-h left", "core-h left", "ETA", "from"]
+
+    def line(name: Cell, e: Estimate) -> list[Cell]:
+        return [
+            name,
+            f"{e.finished}/{e.runs}",
+            f"{e.elapsed_hours['gpu']:.3g}",
+            f"{e.elapsed_hours['core']:.3g}",
+            f"{e.remaining_hours['gpu']:.3g}",
+            f"{e.remaining_hours['core']:.3g}",
+            fmt_duration(e.eta_s()),
+            ", ".join(f"{n} {source}" for source, n in sorted(e.sources.items())),
+        ]
+
+    lines = [line(name, e) for name, e in per_config.items()]
+    lines.append(line(("total", "bold"), total))
+    return aligned_table("cost and ETA", header, lines, right=range(1, 7))
+
+
+def failures_report(records: list[RunRecord], as_json: bool) -> str:
+    """`--failures`: the triage groups as text, or as JSON."""
+    groups = triage(records)
+    if as_json:
+        return json.dumps({"groups": [group.to_json() for group in groups]}, indent=2)
+    return render_failures(groups)
+
+
+def _print(text: str) -> int:
     try:
-        print(json.dumps({"counts": state_counts(rows), "runs": rows}, indent=2))
+        print(text)
     except BrokenPipeError:
         # The reader stopped early (`sweep status DIR --json | head`): exit as Rich does for
         # the tables, without a traceback or a second error when stdout is flushed at exit.
