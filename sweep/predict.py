@@ -104,5 +104,5 @@ def render_predictions(
         f"predicted: {summary['runs']} of {summary['runs'] + summary['unpredictable']} runs, "
         f"costing {summary['flops']:.3g} FLOPs"
         + ("" if hours is None else f", ~{hours:.1f} GPU-hours")
-        + " (the loss is the compute-optimal envelope at the run's budget; off-optimal shapes do worse)"
+        + " (loss: the compute-optimal envelope at the run's budget; off-optimal shapes do worse)"
     )
