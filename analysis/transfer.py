@@ -10,8 +10,9 @@ shapes carry an allocation penalty that belongs to the shape, not the precision,
 user wants predicted is the best loss a budget buys. One pair per budget also makes the budget
 the bootstrap's independent unit.
 
-E_1 and E_2 come from each configuration's own L(C) = E + A*C^-gamma fit on its envelope (the
-base on all its budgets: the premise is a full base ladder; the target on the budgets fitted).
+E_1 and E_2 come from each configuration's own L(C) = E + A*C^-gamma fit on its envelope, both on
+the budgets fitted (<= the cut-off). The premise is a full base ladder: the base's observed best
+loss at a held-out budget is what the transfer maps onto the target there.
 K and kappa are then fitted in log space, log L_2 = logaddexp(log K + kappa*log(L_1 - E_1),
 log E_2), with the project's scaled Huber objective (:mod:`analysis.fit`). Intervals come from a
 parametric bootstrap: every envelope loss is redrawn with its configuration's residual noise
@@ -225,10 +226,12 @@ class Transfer:
 @dataclass(frozen=True)
 class BaseLadder:
     """The base configuration's envelope, own L(C), noise and bootstrap draws (shared by every
-    target fitted against it)."""
+    target fitted against it). ``env``: the fitted budgets; ``observed``: its best loss at
+    every budget (what a prediction starts from)."""
 
     name: str
     env: pd.DataFrame
+    observed: pd.Series
     fit: ComputeFit
     sigma: float
     draws: np.ndarray  # (n_boot, budgets): redrawn envelope losses
@@ -243,10 +246,14 @@ def base_ladder(
     n_boot: int = N_BOOT,
     seed: int = 0,
     noise_floor: float = NOISE_FLOOR,
+    cutoff: float | None = None,
 ) -> BaseLadder:
-    """Fit the base's own L(C) on all its budgets and redraw it ``n_boot`` times."""
+    """Fit the base's own L(C) on its budgets <= ``cutoff`` (all when None) and redraw it
+    ``n_boot`` times. E_1 thus comes from the same budgets as the pairs K and kappa are
+    fitted on; the base's losses above the cut-off only enter as inputs to predictions."""
     _require(runs, base)
-    env = lower_envelope(runs[runs["config"] == base], loss)
+    full = lower_envelope(runs[runs["config"] == base], loss)
+    env = full if cutoff is None else full[full["budget"] <= cutoff * (1 + 1e-9)]
     if len(env) < 2:
         raise ValueError(f"base {base!r}: {len(env)} budget(s) with a finite {loss}; need 2")
     fit = _own_fit(env, loss)
@@ -254,7 +261,8 @@ def base_ladder(
     rng = np.random.default_rng(seed)
     draws = env[loss].to_numpy() * np.exp(sigma * rng.standard_normal((max(n_boot, 0), len(env))))
     e1 = [_own_fit(env.assign(**{loss: d}), loss, np.array(fit.theta)).E for d in draws]
-    return BaseLadder(base, env, fit, sigma, draws, np.array(e1))
+    observed = full.set_index("budget")[loss]
+    return BaseLadder(base, env, observed, fit, sigma, draws, np.array(e1))
 
 
 def _require(runs: pd.DataFrame, name: str) -> None:
@@ -278,13 +286,15 @@ def fit_transfer(
     """Fit L_target = K*(L_base - E_1)^kappa + E_2 on budgets <= ``cutoff`` (all when None).
 
     ``base``: a configuration name, or a :class:`BaseLadder` already fitted (with the same
-    ``loss``, ``n_boot``, ``seed``) to share between targets. The base's own fit uses all its
-    budgets. Raises ValueError when a configuration has no runs or fewer than 2 budgets pair.
+    ``loss``, ``n_boot``, ``seed``, ``cutoff``) to share between targets. Raises ValueError
+    when a configuration has no runs or fewer than 2 budgets pair.
     """
     ladder = (
         base
         if isinstance(base, BaseLadder)
-        else base_ladder(runs, base, loss=loss, n_boot=n_boot, seed=seed, noise_floor=noise_floor)
+        else base_ladder(
+            runs, base, loss=loss, n_boot=n_boot, seed=seed, noise_floor=noise_floor, cutoff=cutoff
+        )
     )
     _require(runs, target)
     tgt_runs = runs[runs["config"] == target]
@@ -317,8 +327,7 @@ def fit_transfer(
             for name, col in zip(("K", "kappa", "E1", "E2"), samples[:, :4].T, strict=True)
         }
         point = replace(point, ci=ci)
-    env = ladder.env.set_index("budget")[loss]
-    return Transfer(point, ladder.fit, own, env, samples, ladder.sigma, level, seed)
+    return Transfer(point, ladder.fit, own, ladder.observed, samples, ladder.sigma, level, seed)
 
 
 def _bootstrap(
@@ -393,12 +402,13 @@ def evaluate(
     seed: int = 0,
     joint: bool = True,
 ) -> HeldOut:
-    """Fit on budgets <= cutoff (the base on all of them), predict every budget above.
+    """Fit on budgets <= cutoff, predict every budget above.
 
-    The three methods see the same data: the base ladder in full, every other configuration up
-    to the cut-off. ``joint=False`` skips the joint law (its fit dominates the run time).
+    The three methods see the same data: the base ladder in full (its losses above the cut-off
+    only as inputs to the transfer; the joint law fits them), every other configuration up to
+    the cut-off. ``joint=False`` skips the joint law (its fit dominates the run time).
     """
-    ladder = base_ladder(runs, base, loss=loss, n_boot=n_boot, seed=seed)
+    _require(runs, base)
     cutoff = default_cutoff(runs) if cutoff is None else float(cutoff)
     above = runs["budget"] > cutoff * (1 + 1e-9)
     if not above.any() or above.all():
@@ -406,6 +416,7 @@ def evaluate(
             f"cutoff {cutoff:.4g} leaves no budget on one side; budgets: "
             f"{', '.join(f'{b:.4g}' for b in sorted(runs['budget'].dropna().unique()))}"
         )
+    ladder = base_ladder(runs, base, loss=loss, n_boot=n_boot, seed=seed, cutoff=cutoff)
     train = runs[~above | (runs["config"] == base)]
     joint_fit = fit_joint(train, loss) if joint else None
     rows, transfers, skipped = [], {}, {}
@@ -631,3 +642,29 @@ def _predictor(runs, config, ladder, loss, n_boot, level):
         return own.predict(c), lo, hi
 
     return "own L(C)", predict, own.flags()
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.1f}%"
+
+
+def headline(result: HeldOut) -> str:
+    """One sentence with the held-out numbers (the README quotes it; a test keeps them equal)."""
+    stats = summary(result.table).set_index(["group", "method"])
+    n = int(stats.loc[("all", "transfer"), "n"])
+
+    def errors(group: str) -> str:
+        return ", ".join(f"{m} {_pct(stats.loc[(group, m), 'mean_rel_err'])}" for m in METHODS)
+
+    closest = ", ".join(f"{m} {int(stats.loc[('all', m), 'closest'])}" for m in METHODS)
+    dep = departures(result.table).dropna(subset=["first_departed_budget"])
+    firsts = "; ".join(
+        f"{row.config} at {row.first_departed_budget:.3g}" for row in dep.itertuples(index=False)
+    )
+    return (
+        f"Cut-off {result.cutoff:.3g} ({n} held-out predictions): mean |relative error| "
+        f"{errors('all')} (stable configurations: {errors('stable')}; fully MX: "
+        f"{errors('fully MX')}); closest of the three: {closest}; the observed loss leaves the "
+        f"transfer interval in {int(result.table['departed'].sum())} of {n}, first at "
+        f"{firsts or 'no budget'}."
+    )
