@@ -221,7 +221,8 @@ def _make_table(name: str, src: Source, out_dir: Path) -> list[Path]:
 def _transfer_tables(result: HeldOut, out_dir: Path) -> list[Path]:
     cut = f"budgets <= {result.cutoff:.3g}"
     note = (
-        f"Fitted on {cut} ({result.base}: all budgets); every budget above is predicted. "
+        f"Fitted on {cut}; every budget above is predicted ({result.base}'s observed loss "
+        "there is the transfer's input). "
         "observed: lowest final val loss at the budget; transfer: "
         f"K(L_{result.base} - E_1)^kappa + E_2 with its 95% bootstrap CI; own: the "
         "configuration's own L(C); joint: the joint precision law at the best of the budget's "
