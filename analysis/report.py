@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis import figures
+from analysis import figures, transfer
 from analysis import tables as tbl
 from analysis.confound import confound_runs, confound_table, plot_confound
 from analysis.index import write_index
@@ -21,6 +21,8 @@ from analysis.laws import N_BOOT, ConfigLaw, chinchilla_laws, compute_laws, kapl
 from analysis.load import load_metrics, load_paper_curves, load_paper_runs, load_sweep_runs
 from analysis.paired import paired_table, plot_paired
 from analysis.quantized import plot_quantized
+from analysis.transfer import BASELINE, HeldOut, evaluate
+from analysis.transfer_plot import plot_transfer
 
 PLOTS = (
     "scaling",
@@ -33,8 +35,18 @@ PLOTS = (
     "isoflop",
     "confound",
     "quantized",
+    "transfer",
 )
-TABLES = ("fits", "instability", "mitigations", "interventions", "paired", "isoflop", "confound")
+TABLES = (
+    "fits",
+    "instability",
+    "mitigations",
+    "interventions",
+    "paired",
+    "isoflop",
+    "confound",
+    "transfer",
+)
 CURVE_NAMES = ("train/loss", "optim/grad_norm")
 # The paper's curves have 20-65 logged points, too few for the per-step defaults.
 PAPER_THRESHOLDS = Thresholds(window=10, ma_window=5)
@@ -53,6 +65,8 @@ class Source:
     thresholds: Thresholds
     n_boot: int = N_BOOT
     sweep_dir: Path | None = None
+    transfer_base: str = BASELINE
+    transfer_cutoff: float | None = None
 
     def sweep_folder(self, what: str) -> Path:
         """The sweep folder, for what only a sweep has (paired runs, branches)."""
@@ -80,6 +94,10 @@ class Source:
     @cached_property
     def isoflop_fits(self) -> dict[str, IsoFlopFit]:
         return isoflop_fits(self.runs)
+
+    @cached_property
+    def held_out(self) -> HeldOut:
+        return evaluate(self.runs, self.transfer_base, self.transfer_cutoff, n_boot=self.n_boot)
 
 
 def load_source(sweep_dir: Path | None, paper: bool) -> Source:
@@ -128,6 +146,8 @@ def _make_plot(name: str, src: Source, out_dir: Path) -> list[Path]:
         return figures.plot_isoflop(src.isoflop_fits, out_dir)
     if name == "quantized":
         return plot_quantized(src.runs, out_dir)
+    if name == "transfer":
+        return plot_transfer(src.runs, src.held_out, out_dir)
     if name == "paired":
         return plot_paired(src.sweep_folder("plot 'paired'"), out_dir)
     if name == "interventions":
@@ -181,6 +201,8 @@ def _make_table(name: str, src: Source, out_dir: Path) -> list[Path]:
         return tbl.write_table(
             table, out_dir, "mitigations", "Validation-loss delta vs bf16_bf16, matched on N and D"
         )
+    if name == "transfer":
+        return _transfer_tables(src.held_out, out_dir)
     target = 10 * float(src.runs["budget"].max())
     if name == "isoflop":
         table = tbl.isoflop_table(src.isoflop_fits, src.chinchilla_laws, target)
@@ -224,6 +246,41 @@ def _make_table(name: str, src: Source, out_dir: Path) -> list[Path]:
     return paths
 
 
+def _transfer_tables(result: HeldOut, out_dir: Path) -> list[Path]:
+    cut = f"budgets <= {result.cutoff:.3g}"
+    note = (
+        f"Fitted on {cut}; every budget above is predicted ({result.base}'s observed loss "
+        "there is the transfer's input). "
+        "observed: lowest final val loss at the budget; transfer: "
+        f"K(L_{result.base} - E_1)^kappa + E_2 with its 95% bootstrap CI; own: the "
+        "configuration's own L(C); joint: the joint precision law at the best of the budget's "
+        "(N, D) points; departed: observed above transfer_hi."
+    )
+    paths = tbl.write_table(
+        result.table, out_dir, "transfer", f"Held-out predictions vs {result.base}", note
+    )
+    paths += tbl.write_table(
+        transfer.summary(result.table),
+        out_dir,
+        "transfer_summary",
+        f"Held-out relative error per method ({cut})",
+        "closest: rows where the method is nearest the observed loss; in_interval: observed "
+        "inside the method's 95% interval. fully MX: MX weights and activations, both passes.",
+    )
+    paths += tbl.write_table(
+        transfer.departures(result.table),
+        out_dir,
+        "transfer_departures",
+        "First held-out budget where the observed loss exceeds the transfer interval",
+    )
+    return paths + tbl.write_table(
+        transfer.fits_table(result),
+        out_dir,
+        "transfer_fits",
+        f"Transfer fits L = K(L_{result.base} - E_1)^kappa + E_2 ({cut}; 95% bootstrap CI)",
+    )
+
+
 def analyze(
     sweep_dir: Path | None,
     *,
@@ -232,16 +289,20 @@ def analyze(
     tables: Sequence[str],
     out_dir: Path,
     n_boot: int = N_BOOT,
+    base: str = BASELINE,
+    cutoff: float | None = None,
 ) -> list[Path]:
     """Write the requested figures (PNG and PDF) and tables (Markdown and CSV) into out_dir
     and an index.md linking them; return the paths written. "all" in plots/tables expands to
-    every item. Raise ValueError with a clear message for an unknown plot/table name, a
-    folder with no runs, or a plot that needs data the source lacks (e.g. curves for a
-    sweep without metrics)."""
+    every item. ``base`` and ``cutoff`` configure the transfer table/plot (the held-out
+    evaluation; cutoff None: the lower median budget). Raise ValueError with a clear message
+    for an unknown plot/table name, a folder with no runs, or a plot that needs data the
+    source lacks (e.g. curves for a sweep without metrics)."""
     plot_names = _expand(plots, PLOTS, "plot")
     table_names = _expand(tables, TABLES, "table")
     src = load_source(sweep_dir, paper)
     src.n_boot = n_boot
+    src.transfer_base, src.transfer_cutoff = base, cutoff
     out_dir = Path(out_dir)
     paths: list[Path] = []
     skipped: list[str] = []

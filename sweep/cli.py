@@ -158,6 +158,16 @@ def plan(
         Path | None,
         typer.Option(help="sweep folder whose measured throughput replaces the assumed rates"),
     ] = None,
+    predict_from: Annotated[
+        str | None,
+        typer.Option(
+            help="predict each run's final loss from a sweep folder's runs, or 'paper' for the "
+            "paper's published runs (own L(C) or transfer from --base)"
+        ),
+    ] = None,
+    base: Annotated[
+        str, typer.Option(help="with --predict-from: base configuration for transfer")
+    ] = "bf16_bf16",
 ) -> None:
     """Show the runs GRID expands to (N, D, C, steps) and the totals, running nothing."""
     from sweep.grid import expand_grid, load_grid, total_flops
@@ -193,10 +203,23 @@ def plan(
         "assumed_cpu_gflops": cpu_gflops,
         "calibrated_from": calibration,
     }
+    predictions = None
+    if predict_from is not None:
+        from sweep.predict import add_predictions
+
+        try:
+            predictions = add_predictions(rows, predict_from, base)
+        except ValueError as err:
+            _fail(f"--predict-from {predict_from}: {err}")
+        totals["predicted"] = predictions
     if as_json:
         print(json.dumps({"runs": rows, "totals": totals}, indent=2))
         return
     render_plan(rows, totals, console)
+    if predictions is not None:
+        from sweep.predict import render_predictions
+
+        render_predictions(rows, predictions, console)
 
 
 # `sweep status` is parsed by sweep.status.main, which the console command reaches without
@@ -238,6 +261,13 @@ def analyze(
         list[str] | None, typer.Option(help="fits|instability|mitigations|all (repeatable)")
     ] = None,
     out: Annotated[Path | None, typer.Option(help="output folder")] = None,
+    base: Annotated[
+        str, typer.Option(help="transfer table/plot: configuration predicted from")
+    ] = "bf16_bf16",
+    cutoff: Annotated[
+        float | None,
+        typer.Option(help="transfer table/plot: fit budgets <= this (default: median budget)"),
+    ] = None,
 ) -> None:
     """Fit scaling laws, tabulate instabilities and draw figures."""
     from analysis.report import analyze as run_analysis
@@ -249,7 +279,15 @@ def analyze(
     if not plots and not tables:
         plots = ["scaling"]
     try:
-        written = run_analysis(sweep_dir, paper=paper, plots=plots, tables=tables, out_dir=out_dir)
+        written = run_analysis(
+            sweep_dir,
+            paper=paper,
+            plots=plots,
+            tables=tables,
+            out_dir=out_dir,
+            base=base,
+            cutoff=cutoff,
+        )
     except ValueError as err:
         _fail(str(err))
     for path in written:
