@@ -32,10 +32,11 @@ PROXY_GRID ?= grids/proxy_cpu.yaml
 PROXY_DIR ?= sweeps/$(basename $(notdir $(PROXY_GRID)))
 PROXY_BEFORE ?= 20
 PROXY_EXECUTOR ?= local
+PROXY_ARMS ?= all
 proxy-cpu: $(STAMP)
 	$(BIN)/sweep launch $(PROXY_GRID) --sweep-dir $(PROXY_DIR) --executor $(PROXY_EXECUTOR)
 	$(BIN)/sweep intervene --sweep-dir $(PROXY_DIR) --unstable --config mx_e4m3 --at onset \
-		--before $(PROXY_BEFORE) --arms all --executor $(PROXY_EXECUTOR)
+		--before $(PROXY_BEFORE) --arms $(PROXY_ARMS) --executor $(PROXY_EXECUTOR)
 	$(BIN)/sweep status $(PROXY_DIR)
 	@if grep -qs '"branch": {' $(PROXY_DIR)/runs/*/spec.json; then \
 		branches="--plot interventions --table interventions"; \
@@ -46,7 +47,7 @@ proxy-cpu: $(STAMP)
 
 # On a GPU machine: the paper's regime (grids/proxy_paper.yaml), branching 590 steps early.
 proxy-paper:
-	$(MAKE) proxy-cpu PROXY_GRID=grids/proxy_paper.yaml PROXY_BEFORE=590
+	$(MAKE) proxy-cpu PROXY_GRID=grids/proxy_paper.yaml PROXY_BEFORE=590 PROXY_ARMS=paper
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
