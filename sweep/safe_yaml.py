@@ -20,6 +20,7 @@ MAX_BYTES = 1 << 20
 MAX_NODES = 200_000
 MAX_DEPTH = 64
 
+_BRACKETS = re.compile(r"[\[\]{}]")
 _FLOAT_12 = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
 
 
@@ -46,6 +47,7 @@ def load_untrusted(text: str) -> Any:
     MAX_BYTES, nests deeper than MAX_DEPTH or expands to more than MAX_NODES nodes."""
     if len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:
         raise YamlBudgetError(f"is larger than {MAX_BYTES // 1024} KiB; a grid is a few lines")
+    _check_flow_depth(text)
     loader = _GridLoader(text)
     try:
         try:
@@ -58,6 +60,20 @@ def load_untrusted(text: str) -> Any:
         return loader.construct_document(node)
     finally:
         loader.dispose()
+
+
+def _check_flow_depth(text: str) -> None:
+    """Refuse deep ``[[[...`` / ``{{{...`` before parsing: PyYAML's scanner is quadratic in
+    the flow depth (2,000 levels: seconds). Brackets inside quoted strings count too; a
+    grid with 64 unclosed brackets in a string is not one to keep."""
+    depth = 0
+    for match in _BRACKETS.finditer(text):
+        if match.group() in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise YamlBudgetError(f"nests deeper than {MAX_DEPTH} levels")
+        else:
+            depth = max(0, depth - 1)
 
 
 def _check_budget(root: yaml.Node) -> None:

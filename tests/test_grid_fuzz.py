@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 from sweep.cli import app
 
 CASES = 300
-CASE_LIMIT_S = 5.0
+CASE_LIMIT_S = 10.0
 HOSTILE = [
     None,
     True,
