@@ -47,7 +47,7 @@ def test_huber_fit_ignores_outliers_that_pull_least_squares_away():
     robust = fit_compute(C, L)  # the default objective: Huber, delta 1e-3 in log space
     squares = fit_compute(C, L, delta=10.0)  # quadratic for every residual here
     assert robust.gamma == pytest.approx(0.12, abs=0.01)
-    assert robust.E == pytest.approx(0.6, abs=0.04)
+    assert pytest.approx(0.6, abs=0.04) == robust.E
     assert np.max(np.abs(robust.predict(C[clean]) / L[clean] - 1)) < 0.01
     # Least squares bends towards the outliers: far from the law, worse on the clean runs.
     assert abs(squares.gamma - 0.12) > 0.04

@@ -92,7 +92,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "analysis/fit.py",
         "DELTA = 1e-3",
         "DELTA = 1e3",
-        ("tests/test_oracles_analysis.py::test_huber_fit_ignores_outliers_that_pull_least_squares_away",),
+        (
+            "tests/test_oracles_analysis.py::test_huber_fit_ignores_outliers_that_pull_least_squares_away",
+        ),
         "Huber delta so large the fit is plain least squares",
     ),
     Mutant(
@@ -235,11 +237,11 @@ MUTANTS: tuple[Mutant, ...] = (
         "a resubmitted run shows its previous attempt's state",
     ),
     Mutant(
-        "cancel_marks_preempted",
-        "sweep/cancel.py",
-        '"state": "cancelled",',
-        '"state": "preempted",',
+        "cancelled_run_ends_preempted",
+        "sweep/run.py",
+        'writer.write("cancelled", step, reason="cancelled by `sweep cancel`")',
+        'writer.write("preempted", step, reason=str(stop))',
         (f"{CLI}::test_cancel_stops_a_running_run_as_cancelled",),
-        "`sweep cancel` leaves runs preempted (they would resume)",
+        "a run stopped by `sweep cancel` records itself preempted (it would resume)",
     ),
 )

@@ -90,14 +90,19 @@ def environment(copy: Path) -> dict[str, str]:
 
 def check_imports_from(copy: Path) -> None:
     """The copy's packages, not the installed ones, are imported (from any directory)."""
-    code = "import analysis, models, mx, sweep; print(*(m.__file__ for m in (analysis, models, mx, sweep)))"
+    code = (
+        "import analysis, models, mx, sweep\n"
+        "print(*(m.__file__ for m in (analysis, models, mx, sweep)))"
+    )
     result = subprocess.run(
         [sys.executable, "-c", code], cwd="/", env=environment(copy), capture_output=True,
         text=True, timeout=120, check=False,
     )  # fmt: skip
     paths = result.stdout.split()
     if result.returncode != 0 or not all(p.startswith(str(copy)) for p in paths):
-        raise MutantError(f"imports do not come from the copy {copy}: {result.stdout}{result.stderr}")
+        raise MutantError(
+            f"imports do not come from the copy {copy}: {result.stdout}{result.stderr}"
+        )
 
 
 def run_mutant(mutant: Mutant, base: Path, work: Path) -> tuple[str, str, float]:
