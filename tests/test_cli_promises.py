@@ -93,7 +93,9 @@ def test_dry_run_shows_the_plan_and_creates_nothing(tmp_path):
     sweep_dir = tmp_path / "sweep"
     result = sweep("launch", str(tiny_grid(tmp_path)), "--sweep-dir", str(sweep_dir), "--dry-run")
     assert result.returncode == 0, result.stderr
-    assert "2" in result.stdout and not sweep_dir.exists()
+    plan = sweep("plan", str(tiny_grid(tmp_path)))
+    assert result.stdout == plan.stdout and "2" in plan.stdout
+    assert not sweep_dir.exists()
 
 
 # --- bad input: exit 2, a precise message, nothing launched ---------------------------------

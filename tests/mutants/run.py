@@ -121,7 +121,8 @@ def run_mutant(mutant: Mutant, base: Path, work: Path) -> tuple[str, str, float]
         if missing:
             raise MutantError(f"{mutant.name}: no test file {', '.join(missing)}")
         result = subprocess.run(
-            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *mutant.tests],
+            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+             f"--basetemp={copy / '.pytest-tmp'}", *mutant.tests],
             cwd=copy, env=environment(copy), capture_output=True, text=True,
             timeout=TIMEOUT_S, check=False,
         )  # fmt: skip
@@ -161,13 +162,17 @@ def main(argv: list[str] | None = None) -> int:
         base = work / "base"
         shutil.copytree(ROOT, base, ignore=IGNORE)
         check_imports_from(base)
+        outcomes = []
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-            outcomes = list(pool.map(lambda m: (m, *run_mutant(m, base, work)), chosen))
-    killed = 0
-    for mutant, outcome, detail, seconds in outcomes:
-        killed += outcome == "killed"
-        print(f"{outcome.upper():9} {mutant.name:32} {seconds:6.1f} s  {detail}", flush=True)
-    bad = [m.name for m, outcome, *_ in outcomes if outcome != "killed"]
+            futures = [pool.submit(run_mutant, m, base, work) for m in chosen]
+            for mutant, future in zip(chosen, futures, strict=True):
+                outcome, detail, seconds = future.result()
+                outcomes.append((mutant, outcome))
+                print(
+                    f"{outcome.upper():9} {mutant.name:36} {seconds:6.1f} s  {detail}", flush=True
+                )
+    killed = sum(outcome == "killed" for _, outcome in outcomes)
+    bad = [m.name for m, outcome in outcomes if outcome != "killed"]
     print(f"{killed}/{len(outcomes)} mutants killed in {time.monotonic() - started:.0f} s")
     if bad:
         print(f"not killed: {', '.join(bad)}", file=sys.stderr)
