@@ -8,7 +8,7 @@ FIG_DIR ?= figures
 export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 
-.PHONY: venv demo test test-fast lint figures bench gpu-check clean slurm-up slurm-down proxy-cpu proxy-paper proxy-confound proxy-confound-cpu proxy-paper-interventions
+.PHONY: venv demo test test-fast lint figures bench gpu-check mutants clean slurm-up slurm-down proxy-cpu proxy-paper proxy-confound proxy-confound-cpu proxy-paper-interventions
 
 venv: $(STAMP)
 
@@ -54,6 +54,11 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow" tests
+
+# One-line mutants of the code (tests/mutants/catalog.py), each run against the tests that
+# concern it in a copy of the repository: every one must make them fail.
+mutants: $(STAMP)
+	$(BIN)/python tests/mutants/run.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -11,9 +11,10 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -55,6 +56,16 @@ class World:
         dist.all_reduce(total, op=dist.ReduceOp.SUM)
         return total / self.size
 
+    def mean_in_order(self, values: torch.Tensor) -> torch.Tensor:
+        """The mean of every rank's (batches, chunks) ``values`` taken in the order one
+        process would have them (batch by batch, rank 0's chunks first): the same sum in
+        the same order, so the same bits as a single-process run."""
+        if self.size == 1:
+            return values.flatten().mean()
+        gathered = [torch.empty_like(values) for _ in range(self.size)]
+        dist.all_gather(gathered, values.contiguous())
+        return torch.stack(gathered, dim=1).flatten().mean()
+
     def mean_values(self, values: dict[str, float]) -> dict[str, float]:
         """Per-key averages over the ranks of dicts that have the same keys on every rank."""
         if self.size == 1 or not values:
@@ -70,6 +81,11 @@ class World:
         value = torch.tensor([int(flag)])
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
         return bool(value.item())
+
+    def barrier(self) -> None:
+        """Wait until every rank got here (nothing to wait for when alone)."""
+        if self.size > 1:
+            dist.barrier()
 
     def from_main(self, value: Any) -> Any:
         """Rank 0's ``value`` (any picklable object), on every rank."""
@@ -155,6 +171,8 @@ def joined(expected: int) -> Iterator[World]:
         rank=world.rank,
         world_size=world.size,
     )
+    global _JOINED
+    _JOINED = True
     try:
         yield world
     finally:
@@ -164,6 +182,28 @@ def joined(expected: int) -> Iterator[World]:
 def backend(cuda: bool) -> str:
     """The process-group backend of a run: NCCL for CUDA tensors plus gloo for CPU ones."""
     return "cuda:nccl,cpu:gloo" if cuda else "gloo"
+
+
+# Whether this process joined a process group (see ``exit_process``).
+_JOINED = False
+
+
+def exit_process(code: int) -> NoReturn:
+    """End this process with ``code``; a rank of a multi-process run skips interpreter
+    finalization.
+
+    DDP's reducer keeps the gloo process group, and so its worker and transport threads,
+    alive after ``destroy_process_group``. Those threads then race Python's finalization
+    and the C++ static destructors at exit, which ends now and then in ``std::terminate``
+    ("terminate called without an active exception", SIGABRT) after the run finished and
+    wrote its markers. Everything a run writes is already on disk (atomic, fsynced), so a
+    rank flushes its output and leaves with ``os._exit``.
+    """
+    if not _JOINED:
+        sys.exit(code)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def cuda_device(world: World) -> torch.device:

@@ -250,7 +250,7 @@ class Replica:
                 with self.autocast:
                     losses.append(self.net(chunk).float())
         self.net.train()
-        return self.world.mean(torch.stack(losses).mean()).item()
+        return self.world.mean_in_order(torch.stack(losses).view(len(batches), -1)).item()
 
     def state(self) -> dict[str, Any]:
         """Model and optimizer state in the single-process layout (a sharded network is

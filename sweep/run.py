@@ -88,11 +88,17 @@ def execute(run_dir: str | Path) -> int:
     spec = RunSpec.model_validate_json((run_dir / "spec.json").read_text())
     with joined(spec.resources.world_size) as world:
         if world.is_main:
-            return _lead(spec, run_dir, marker, world)
+            code = _lead(spec, run_dir, marker, world)
         # Rank 0 alone reads the cancel request: the ranks must agree on starting.
-        if not world.from_main(None):
-            return EXIT_OK
-        return _follow(spec, run_dir)
+        elif not world.from_main(None):
+            code = EXIT_OK
+        else:
+            code = _follow(spec, run_dir)
+        if code != EXIT_FAILED:
+            # No rank tears the group down while another is still in a collective (a
+            # failed rank skips this: the others learn of it from their collectives).
+            world.barrier()
+        return code
 
 
 def _lead(spec: RunSpec, run_dir: Path, marker: dict, world: World) -> int:
@@ -188,4 +194,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    distributed = sys.modules.get("models.distributed")  # loaded only if a run trained
+    if distributed is None:
+        sys.exit(code)
+    distributed.exit_process(code)

@@ -105,7 +105,7 @@ def reference(tmp_path_factory):
 
 
 def assert_same_trajectory(
-    run_dir: Path, expected: dict[tuple[str, int], float], processes: int = 2
+    run_dir: Path, expected: dict[tuple[str, int], float], processes: int = 2, rtol: float = 1e-5
 ) -> None:
     got = metrics(run_dir)
     assert got.keys() == expected.keys()
@@ -113,7 +113,7 @@ def assert_same_trajectory(
     assert len(losses) == max(s for s, _ in losses) and losses[-1][1] < losses[0][1] - 0.5
     assert {n for n, _ in expected} >= {"val/loss", "optim/grad_norm", "grad_norm/embed.weight"}
     keys = sorted(expected)
-    np.testing.assert_allclose([got[k] for k in keys], [expected[k] for k in keys], rtol=1e-5)
+    np.testing.assert_allclose([got[k] for k in keys], [expected[k] for k in keys], rtol=rtol)
     state = json.loads((run_dir / "state.json").read_text())
     assert state["state"] == "done" and state["step"] == state["total_steps"]
     assert state["processes"] == processes
@@ -216,7 +216,9 @@ def test_ddp_run_from_the_local_executor_follows_the_single_process_run(tmp_path
     executor = LocalExecutor(workers=1, on_event=lambda *event: events.append(event[:2]))
     executor.submit([run_dir], {spec.run_id: 1})
     assert events == [("done", spec.run_id)]
-    assert_same_trajectory(run_dir, reference(spec))
+    # Bit for bit, as the README says: one micro-batch per rank, the same sums in the same
+    # order (validation losses are gathered and averaged in the single-process order).
+    assert_same_trajectory(run_dir, reference(spec), rtol=0)
 
 
 @pytest.mark.slow
