@@ -18,8 +18,9 @@ from collections.abc import Container, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sweep.journal import resolve_if_idle
 from sweep.reconcile import current_records
-from sweep.store import RUN_STATES, RunRecord, SweepStore
+from sweep.store import RUN_STATES, WAITING_STATES, RunRecord, SweepStore
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -35,6 +36,7 @@ STATE_STYLE = {
     "preempted": "yellow",
     "cancelled": "dim",
     "pending": "dim",
+    "incomplete": "dim",
 }
 RUN_COLUMNS = (
     "run_id",
@@ -67,13 +69,23 @@ def run_row(record: RunRecord) -> dict[str, Any]:
         # The proxy's width plays the LM's d_model.
         "d_model": spec.get("model", {}).get("d_model") or spec.get("model", {}).get("width"),
         "seed": spec.get("seed"),
-        "step": int(summary.get("steps_done", record.step)),
+        "step": _shown_step(record, summary),
         "total_steps": record.total_steps,
         "loss": loss,
         "attempt": record.attempt,
         "job_id": record.submission.job_id if record.submission else None,
         "reason": marker.get("reason"),
     }
+
+
+def _shown_step(record: RunRecord, summary: dict[str, Any]) -> int:
+    """Steps done; for a run waiting to continue, the checkpoint it resumes from (steps
+    after it are trained again), not the last step its marker saw."""
+    if "steps_done" in summary:
+        return int(summary["steps_done"])
+    if record.state in WAITING_STATES and record.marker:
+        return record.resume_step
+    return record.step
 
 
 def state_counts(rows: list[dict[str, Any]]) -> dict[str, int]:
@@ -181,6 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    resolve_if_idle(store)  # what a killed launch left half-submitted
     rows = [run_row(record) for record in current_records(store)]
     if not args.as_json:
         from rich.console import Console
