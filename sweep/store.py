@@ -237,8 +237,9 @@ def _submitted_state(submitted: dict, scheduler: str | None, now: float) -> str:
         return "cancelled"
     if scheduler == "gone":
         return "stale"
-    # No scheduler answer: trust a local launcher only while its process lives.
-    if submitted.get("executor") == "local":
+    # No scheduler answer: a blocking launcher (local pool, Ray driver) holds its runs only
+    # while its process lives; a Ray driver killed with its allocation leaves them stale.
+    if submitted.get("executor") in ("local", "ray"):
         return "queued" if _process_alive(submitted) else "stale"
     return "queued"
 

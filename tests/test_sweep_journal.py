@@ -183,3 +183,12 @@ def test_status_reads_every_partial_state_a_killed_writer_leaves(
     for run_id in ids:
         store.write_spec(run_id, _spec(7))
     assert [r.total_steps for r in store.records()] == [40, 40, 40, 7, 7, 7]
+
+
+def test_runs_of_a_killed_ray_driver_are_stale_not_queued():
+    from sweep.store import derive_state
+
+    host = os.uname().nodename
+    submitted = {"executor": "ray", "attempt": 1, "host": host, "pid": _dead_pid()}
+    assert derive_state(None, submitted, None, time.time()) == "stale"
+    assert derive_state(None, {**submitted, "pid": os.getpid()}, None, time.time()) == "queued"
