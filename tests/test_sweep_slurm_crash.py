@@ -85,9 +85,7 @@ def _queued_jobs(name: str) -> list[str]:
         ("spec-2", True),
         ("before-sbatch-1", False),
         ("after-sbatch-1", False),
-        ("after-sbatch-2", True),
         ("submitted-1", True),
-        ("submitted-3", False),
         ("after-chunk-1", False),
     ],
 )
