@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -10,20 +9,15 @@ from typing import Any
 import torch
 
 from models.atomic import atomic_write
+from models.checkpoint_files import checkpoint_path, checkpoint_steps
 
-_NAME = re.compile(r"step-(\d{9})\.pt")
-
-
-def checkpoint_steps(ckpt_dir: Path) -> list[int]:
-    """Steps of the checkpoints present, ascending (temp files are ignored)."""
-    if not ckpt_dir.is_dir():
-        return []
-    return sorted(int(m.group(1)) for p in ckpt_dir.iterdir() if (m := _NAME.fullmatch(p.name)))
-
-
-def checkpoint_path(ckpt_dir: Path, step: int) -> Path:
-    """Where the checkpoint of ``step`` lives."""
-    return ckpt_dir / f"step-{step:09d}.pt"
+__all__ = [
+    "checkpoint_path",
+    "checkpoint_steps",
+    "load_checkpoint",
+    "load_latest",
+    "save_checkpoint",
+]
 
 
 def save_checkpoint(

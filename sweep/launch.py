@@ -10,16 +10,18 @@ from pathlib import Path
 from typing import Any
 
 from models.config import RunSpec
+from sweep import faults
 from sweep.errors import GridError
 from sweep.executors.base import Executor, Submission
 from sweep.grid import Expansion, LaunchSettings, expand_grid, load_grid
+from sweep.journal import Journal, resolve_open
 from sweep.preflight import preflight
 from sweep.reconcile import current_records
 from sweep.retries import crash_retry_due, note_crash_retry
 from sweep.store import RunRecord, SweepStore
 
 # States that a plain launch (re)submits; failed/cancelled need --retry-failed.
-RESUBMIT = ("pending", "stale", "preempted")
+RESUBMIT = ("pending", "stale", "preempted", "incomplete")
 RETRYABLE = ("failed", "cancelled")
 EXECUTORS = ("auto", "local", "slurm", "ray")
 
@@ -181,6 +183,10 @@ def submit_specs(
         register()
         for spec in specs:
             store.write_spec(spec.run_id, spec.model_dump_json(indent=2))
+            faults.passed("spec")
+        # What a killed launch left half-submitted is adopted or cancelled before anything
+        # is submitted again, so no run is queued twice.
+        resolve_open(store, strict=True)
         records = [r for r in current_records(store) if only is None or r.run_id in only]
         wanted = RESUBMIT + (RETRYABLE if options.retry_failed else ())
         for record in records:
@@ -198,9 +204,9 @@ def submit_specs(
         if on_start:
             on_start(result.to_submit, executor_name)
         if executor_name == "slurm":
-            result.submissions = executor.submit(run_dirs, attempts) if run_dirs else []
-            for submission in result.submissions:
-                store.record_submission(submission)
+            # The journal writes each chunk's submitted.json as soon as sbatch accepts it.
+            journal = Journal(store)
+            result.submissions = executor.submit(run_dirs, attempts, journal) if run_dirs else []
             return result
         # Blocking executors: mark the runs as ours while holding the lock, then run them.
         for run_dir in run_dirs:

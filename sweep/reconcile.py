@@ -18,7 +18,7 @@ def current_records(store: SweepStore) -> list[RunRecord]:
         if r.submitted and r.submitted.get("executor") == "slurm" and r.state in ASK_SCHEDULER
     ]
     if slurm and shutil.which("squeue"):
-        from sweep.executors.slurm import SlurmExecutor
+        from sweep.executors.slurm import SlurmExecutor, run_answer
 
-        with_scheduler(records, SlurmExecutor(store.root).query(slurm))
+        with_scheduler(records, SlurmExecutor(store.root).query(slurm, run_answer))
     return records

@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from models.atomic import atomic_write_json
+from models.checkpoint_files import checkpoint_steps
 from models.config import RunSpec
+from sweep.executors.base import ATTEMPT_ENV, TOKEN_ENV
 from sweep.store import CANCEL_FILE, TERMINAL_STATES, read_json_if_exists
 
 if TYPE_CHECKING:
@@ -85,6 +87,10 @@ def execute(run_dir: str | Path) -> int:
     marker = read_json_if_exists(run_dir / "state.json") or {}
     if marker.get("state") in TERMINAL_STATES:
         return EXIT_OK
+    foreign = _not_current_submission(run_dir)
+    if foreign:
+        print(foreign, flush=True)
+        return EXIT_OK
     spec = RunSpec.model_validate_json((run_dir / "spec.json").read_text())
     with joined(spec.resources.world_size) as world:
         if world.is_main:
@@ -114,7 +120,8 @@ def _lead(spec: RunSpec, run_dir: Path, marker: dict, world: World) -> int:
     if cancelled:
         writer.write("cancelled", int(marker.get("step", 0)), reason="cancelled before start")
         return EXIT_OK
-    start_step = int(marker.get("step", 0))
+    # The checkpoint, not the marker's last step: the steps after it are trained again.
+    start_step = max(checkpoint_steps(run_dir / "checkpoints"), default=0)
     print(
         f"attempt {attempt}: "
         + (f"resuming from step {start_step}" if start_step else "starting")
@@ -178,6 +185,28 @@ def _record_provenance(run_dir: Path, attempt: int) -> None:
         write_provenance(run_dir, attempt)
     except OSError as err:
         print(f"note: provenance not recorded: {err}", flush=True)
+
+
+def _not_current_submission(run_dir: Path) -> str | None:
+    """Why a job that passed its token (and attempt) may not train this run, or None.
+
+    A stale or orphan job (a later submission replaced it, or a killed launcher never
+    recorded it) exits at once instead of training a run another job owns.
+    """
+    token = os.environ.get(TOKEN_ENV)
+    if not token:
+        return None  # started by an executor without tokens (local, ray) or by hand
+    attempt = os.environ.get(ATTEMPT_ENV)
+    current = read_json_if_exists(run_dir / "submitted.json") or {}
+    if current.get("token") == token and (
+        attempt is None or str(current.get("attempt")) == attempt
+    ):
+        return None
+    return (
+        f"submission {token} (attempt {attempt}) is not the current submission of "
+        f"{run_dir.name} ({current.get('token') or 'none'}, attempt "
+        f"{current.get('attempt', '-')}): exiting without training"
+    )
 
 
 def _cancel_requested(run_dir: Path, attempt: int) -> bool:

@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sweep.cost import Estimate, estimate, fmt_duration, worth_showing
+from sweep.journal import resolve_if_idle
 from sweep.provenance import PROVENANCE_FILE
 from sweep.reconcile import current_records
-from sweep.store import RUN_STATES, RunRecord, SweepStore, read_json_if_exists
+from sweep.store import RUN_STATES, WAITING_STATES, RunRecord, SweepStore, read_json_if_exists
 from sweep.triage import HUNG_AFTER_S, mark_hung, render_failures, triage
 
 if TYPE_CHECKING:
@@ -40,6 +41,7 @@ STATE_STYLE = {
     "cancelled": "dim",
     "pending": "dim",
     "hung": "red",
+    "incomplete": "dim",
 }
 # The store's states plus `hung`, which status derives (sweep.triage.mark_hung).
 STATES = (*RUN_STATES, "hung")
@@ -74,13 +76,23 @@ def run_row(record: RunRecord) -> dict[str, Any]:
         # The proxy's width plays the LM's d_model.
         "d_model": spec.get("model", {}).get("d_model") or spec.get("model", {}).get("width"),
         "seed": spec.get("seed"),
-        "step": int(summary.get("steps_done", record.step)),
+        "step": _shown_step(record, summary),
         "total_steps": record.total_steps,
         "loss": loss,
         "attempt": record.attempt,
         "job_id": record.submission.job_id if record.submission else None,
         "reason": marker.get("reason"),
     }
+
+
+def _shown_step(record: RunRecord, summary: dict[str, Any]) -> int:
+    """Steps done; for a run waiting to continue, the checkpoint it resumes from (steps
+    after it are trained again), not the last step its marker saw."""
+    if "steps_done" in summary:
+        return int(summary["steps_done"])
+    if record.state in WAITING_STATES and record.marker:
+        return record.resume_step
+    return record.step
 
 
 def state_counts(rows: list[dict[str, Any]]) -> dict[str, int]:
@@ -200,6 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    resolve_if_idle(store)  # what a killed launch left half-submitted
     records = current_records(store)
     mark_hung(records, args.hung_after, time.time())
     if args.failures:

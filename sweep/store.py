@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from models.atomic import atomic_write_json, atomic_write_text
+from models.checkpoint_files import checkpoint_steps
 from sweep.errors import SweepError
 from sweep.executors.base import Submission
 
@@ -32,8 +33,11 @@ RUN_STATES = (
     "cancelled",
     "preempted",
     "stale",
+    "incomplete",
 )
 TERMINAL_STATES = ("done", "diverged")
+# States of a run that waits to continue: status shows the step it will resume from.
+WAITING_STATES = ("queued", "stale", "preempted")
 CANCEL_FILE = "cancel.json"
 # A run whose heartbeat is older than this, and whose process or job is gone, is stale.
 STALE_AFTER_S = 120.0
@@ -64,8 +68,16 @@ class RunRecord:
         return int((self.marker or {}).get("step", 0))
 
     @property
+    def resume_step(self) -> int:
+        """The step the run continues from when it next starts: its newest checkpoint."""
+        steps = checkpoint_steps(self.run_dir / "checkpoints")
+        return steps[-1] if steps else 0
+
+    @property
     def total_steps(self) -> int:
-        return int(self.spec["train"]["steps"])
+        """Steps the spec asks for; 0 while the spec is missing (a launch was killed)."""
+        train = self.spec.get("train")
+        return int(train.get("steps", 0)) if isinstance(train, dict) else 0
 
     @property
     def attempt(self) -> int:
@@ -84,8 +96,10 @@ class SweepStore:
         """Freeze the grid into the folder; refuse a different grid unless ``update_grid``."""
         grid_hash = hashlib.sha256("\n".join(sorted(run_ids)).encode()).hexdigest()[:16]
         meta_path = self.root / "sweep.json"
-        if meta_path.exists():
-            meta = json.loads(meta_path.read_text())
+        # An unreadable sweep.json (a killed writer on a filesystem without atomic rename)
+        # is rewritten: the run folders, not this file, hold what ran.
+        meta = read_json_if_exists(meta_path)
+        if meta is not None and "grid_hash" in meta:
             if meta["grid_hash"] != grid_hash and not update_grid:
                 known = set(meta.get("run_ids", []))
                 added = len(set(run_ids) - known)
@@ -112,9 +126,9 @@ class SweepStore:
         atomic_write_json(meta_path, meta)
 
     def write_spec(self, run_id: str, spec_json: str) -> Path:
-        """Create the run folder with its spec (unchanged if it already exists)."""
+        """Create the run folder with its spec (unchanged if a readable one exists)."""
         run_dir = self.runs_dir / run_id
-        if not (run_dir / "spec.json").exists():
+        if read_json_if_exists(run_dir / "spec.json") is None:
             atomic_write_text(run_dir / "spec.json", spec_json)
         return run_dir
 
@@ -149,10 +163,13 @@ class SweepStore:
         return (self.root / "sweep.json").exists()
 
     def run_ids(self) -> list[str]:
-        if self.exists():
-            meta = json.loads((self.root / "sweep.json").read_text())
-            return meta["run_ids"] + meta.get("branch_ids", [])
-        return sorted(p.name for p in self.runs_dir.iterdir()) if self.runs_dir.is_dir() else []
+        """The sweep's runs per sweep.json (runs without a folder included), else the folders."""
+        meta = read_json_if_exists(self.root / "sweep.json")
+        if meta is not None and isinstance(meta.get("run_ids"), list):
+            return [str(r) for r in meta["run_ids"] + list(meta.get("branch_ids", []))]
+        if not self.runs_dir.is_dir():
+            return []
+        return sorted(p.name for p in self.runs_dir.iterdir() if p.is_dir())
 
     def records(self) -> list[RunRecord]:
         """Every run of the sweep with the state its files alone imply."""
@@ -160,12 +177,16 @@ class SweepStore:
         return [self.record(run_id, now) for run_id in self.run_ids()]
 
     def record(self, run_id: str, now: float) -> RunRecord:
+        """One run from its files; a file a killed writer left missing or unreadable counts as
+        absent, and a run whose spec is missing while other files exist is ``incomplete``."""
         run_dir = self.runs_dir / run_id
         spec = read_json_if_exists(run_dir / "spec.json") or {}
         marker = read_json_if_exists(run_dir / "state.json")
-        submitted = read_json_if_exists(run_dir / "submitted.json")
+        submitted = _valid_submission(read_json_if_exists(run_dir / "submitted.json"))
         summary = read_json_if_exists(run_dir / "summary.json")
         state = derive_state(marker, submitted, None, now)
+        if not spec and state not in TERMINAL_STATES and (marker or submitted):
+            state = "incomplete"
         return RunRecord(run_id, run_dir, spec, state, marker, submitted, summary)
 
 
@@ -173,7 +194,7 @@ def with_scheduler(records: list[RunRecord], scheduler: dict[str, str]) -> list[
     """Re-derive the state of runs the scheduler answered for (queued|running|gone)."""
     now = time.time()
     for record in records:
-        if record.run_id in scheduler:
+        if record.run_id in scheduler and record.state != "incomplete":
             record.state = derive_state(
                 record.marker, record.submitted, scheduler[record.run_id], now
             )
@@ -192,6 +213,8 @@ def derive_state(
             return state
         if newer_submission:
             return _submitted_state(submitted, scheduler, now)
+        if scheduler == "cancelled" and state in ("running", "preempted"):
+            return "cancelled"  # a person's scancel, not the scheduler's preemption
         if state == "running":
             fresh = now - marker.get("heartbeat", 0.0) < STALE_AFTER_S
             if scheduler == "running" or (scheduler is None and fresh and _process_alive(marker)):
@@ -210,10 +233,13 @@ def derive_state(
 def _submitted_state(submitted: dict, scheduler: str | None, now: float) -> str:
     if scheduler in ("queued", "running"):
         return "queued"
+    if scheduler == "cancelled":
+        return "cancelled"
     if scheduler == "gone":
         return "stale"
-    # No scheduler answer: trust a local launcher only while its process lives.
-    if submitted.get("executor") == "local":
+    # No scheduler answer: a blocking launcher (local pool, Ray driver) holds its runs only
+    # while its process lives; a Ray driver killed with its allocation leaves them stale.
+    if submitted.get("executor") in ("local", "ray"):
         return "queued" if _process_alive(submitted) else "stale"
     return "queued"
 
@@ -243,8 +269,16 @@ def _is_zombie(pid: int) -> bool:
 
 
 def read_json_if_exists(path: Path) -> dict | None:
-    """A JSON marker file's content, or None if it does not exist (or is not JSON)."""
+    """A JSON marker file's content, or None if it is missing, cut short or not an object."""
     try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+        payload = json.loads(path.read_text())
+    except (FileNotFoundError, NotADirectoryError, UnicodeDecodeError, json.JSONDecodeError):
         return None
+    return payload if isinstance(payload, dict) else None
+
+
+def _valid_submission(payload: dict | None) -> dict | None:
+    """A submitted.json that names its executor and attempt, else None (as if never written)."""
+    if payload is None or not isinstance(payload.get("executor"), str):
+        return None
+    return payload if isinstance(payload.get("attempt"), int) else None

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import yaml
+
+
+def ci_is_set() -> bool:
+    """CI set to anything truthy ("true", "1", "yes", ...): a cluster is promised there."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+# CI brings a cluster up (.ci/run): there a missing SLURM fails the tests instead of
+# skipping them (the `slurm_required` fixture of conftest.py).
+requires_slurm = pytest.mark.usefixtures("slurm_required")
 
 # Each script gets the run folder as argv[1] and leaves markers in it.
 QUICK = """

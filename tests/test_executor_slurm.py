@@ -19,6 +19,7 @@ from executor_fixtures import (
     QUICK,
     fake_command,
     make_run_dirs,
+    requires_slurm,
     two_run_grid,
     wait_until,
 )
@@ -36,12 +37,6 @@ from sweep.executors.slurm import (
     task_outcome,
 )
 
-# CI brings a cluster up (.ci/run): there a missing SLURM must fail the tests, not skip them.
-requires_slurm = pytest.mark.skipif(
-    not slurm_available() and os.environ.get("CI") != "true",
-    reason="no running SLURM (sbatch missing or scontrol ping fails): "
-    "start one with `slurm/local-cluster.sh up`",
-)
 STATE_TIMEOUT_S = 60
 
 

@@ -13,7 +13,11 @@ from typing import Protocol
 _PR_SET_PDEATHSIG = 1
 
 # What the scheduler can tell about a submitted run; run markers say the rest.
-SCHEDULER_STATES = ("queued", "running", "gone", "unknown")
+SCHEDULER_STATES = ("queued", "running", "gone", "cancelled", "unknown")
+# What a job passes to the run it starts: its submission token and attempt, which the run
+# checks against submitted.json before training (sweep.journal).
+TOKEN_ENV = "MXSCALE_SUBMISSION"
+ATTEMPT_ENV = "MXSCALE_ATTEMPT"
 
 
 @dataclass
@@ -25,6 +29,8 @@ class Submission:
     job_id: str | None
     attempt: int
     submitted_at: float = field(default_factory=time.time)
+    # The write-ahead token of the submission (sweep.journal); the job checks it.
+    token: str | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -34,7 +40,7 @@ class Submission:
         return cls(
             **{
                 k: payload[k]
-                for k in ("run_id", "executor", "job_id", "attempt", "submitted_at")
+                for k in ("run_id", "executor", "job_id", "attempt", "submitted_at", "token")
                 if k in payload
             }
         )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -20,9 +21,19 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sweep.executors.base import Submission, die_with_parent, run_command
+from sweep import faults
+from sweep.executors.base import (
+    ATTEMPT_ENV,
+    TOKEN_ENV,
+    Submission,
+    die_with_parent,
+    run_command,
+)
+
+if TYPE_CHECKING:
+    from sweep.journal import Journal
 
 EX_TEMPFAIL = 75
 _QUEUED = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
@@ -112,13 +123,24 @@ def chunk_runs(items: Sequence[Any], max_array_size: int) -> list[list[Any]]:
 
 
 def scheduler_state(slurm_state: str) -> str:
-    """Map a SLURM job state ("CANCELLED by 0", "RUNNING", ...) to a SCHEDULER_STATES value."""
+    """Map a SLURM job state ("CANCELLED by 0", "RUNNING", ...) to queued|running|gone."""
     word = slurm_state.split()[0].rstrip("+") if slurm_state.strip() else ""
     if word in _QUEUED:
         return "queued"
     if word in _RUNNING:
         return "running"
     return "gone"
+
+
+def run_answer(slurm_state: str) -> str:
+    """What a job's SLURM state says of its run: ``scheduler_state``, except that a job gone
+    as CANCELLED (a person's scancel) reads ``cancelled``. The scheduler's own preemption
+    reads PREEMPTED and a time limit TIMEOUT: those runs resume on a plain launch, a
+    cancelled one only with ``--retry-failed``."""
+    state = scheduler_state(slurm_state)
+    if state == "gone" and slurm_state.split()[:1] == ["CANCELLED"]:
+        return "cancelled"
+    return state
 
 
 def parse_job_states(lines: Iterable[str]) -> dict[str, str]:
@@ -161,7 +183,7 @@ def _scheduler(argv: list[str]) -> subprocess.CompletedProcess[str]:
 
 
 def launch_logged(
-    argv: list[str], run_dir: Path, attempt: int, rank: int = 0
+    argv: list[str], run_dir: Path, attempt: int, rank: int = 0, env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
     """Start argv with stdout/stderr appended to <run_dir>/logs/attempt-<attempt>.out|err
     (rank r > 0 of a multi-process run: attempt-<attempt>.rank<r>.out|err)."""
@@ -173,7 +195,12 @@ def launch_logged(
         open(logs / f"{stem}.err", "ab") as err,
     ):
         return subprocess.Popen(
-            argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent
+            argv,
+            stdout=out,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=die_with_parent,
+            env=None if env is None else {**os.environ, **env},
         )
 
 
@@ -194,7 +221,9 @@ def task_outcome(returncode: int, received: set[int]) -> str:
 def run_array_task(argv: list[str], run_dir: str, attempt: int) -> int:
     """Body of one array task: run the command, forward preemption signals, requeue on 75."""
     rank = int(os.environ.get("SLURM_PROCID", "0"))
-    child = launch_logged(argv, Path(run_dir), attempt, rank)
+    # The run checks this attempt (and the job's token, already in the environment) against
+    # its submitted.json before training.
+    child = launch_logged(argv, Path(run_dir), attempt, rank, env={ATTEMPT_ENV: str(attempt)})
     received: set[int] = set()
 
     def forward(signum: int, _frame: object) -> None:
@@ -272,6 +301,7 @@ class SlurmExecutor:
             _check_at_least("max_array_size", max_array_size, 2)
         if mem_gb is not None and mem_gb <= 0:
             raise ValueError(f"mem_gb must be > 0, got {mem_gb}")
+        self.sweep_dir = Path(sweep_dir).absolute()
         self.folder = Path(sweep_dir) / "slurm"
         self.command = command
         self.array_parallelism = array_parallelism
@@ -290,16 +320,23 @@ class SlurmExecutor:
             extra=extra,
         )
 
-    def submit(self, run_dirs: list[Path], attempts: dict[str, int]) -> list[Submission]:
+    def submit(
+        self, run_dirs: list[Path], attempts: dict[str, int], journal: Journal | None = None
+    ) -> list[Submission]:
         """Submit one array per chunk of runs with the same layout; job ids are
         "<array>_<task>" (a lone run: "<job>").
 
-        ``on_chunk`` hears of each chunk once sbatch has accepted it. Runs without an
-        entry in ``layouts`` take the executor-wide cpus/gpus per task.
+        With a ``journal``, each chunk's intent is recorded before its sbatch and its job
+        ids and submitted.json files right after (see sweep.journal), and each task checks
+        it is its run's current submission before training. ``on_chunk`` hears of each
+        chunk once recorded. Runs without an entry in ``layouts`` take the executor-wide
+        cpus/gpus per task.
         """
         if not run_dirs:
             return []
         import submitit  # imported here: it is only needed where sbatch exists
+
+        from sweep.journal import intent_path, new_token
 
         limit = self.max_array_size or read_max_array_size()
         by_layout: dict[TaskLayout | None, list[Path]] = {}
@@ -312,22 +349,37 @@ class SlurmExecutor:
         ]
         submissions: list[Submission] = []
         for index, (layout, chunk) in enumerate(chunks, start=1):
+            chunk_attempts = [attempts.get(run_dir.name, 1) for run_dir in chunk]
+            runs = [
+                (run_dir.name, attempt)
+                for run_dir, attempt in zip(chunk, chunk_attempts, strict=True)
+            ]
+            token = journal.open(runs, index, len(chunks)) if journal else new_token()
+            faults.passed("before-sbatch")
             executor = submitit.SlurmExecutor(folder=self.folder)
             executor.update_parameters(
-                **self._parameters(layout),
+                **self._tagged(self._parameters(layout), token, intent_path(self.sweep_dir, token)),
                 array_parallelism=self.array_parallelism or len(chunk),
             )
-            chunk_attempts = [attempts.get(run_dir.name, 1) for run_dir in chunk]
-            jobs = executor.map_array(
-                run_array_task,
-                [self.command(run_dir) for run_dir in chunk],
-                [str(run_dir) for run_dir in chunk],
-                chunk_attempts,
-            )
-            submissions += [
-                Submission(run_dir.name, self.name, job.job_id, attempt)
+            try:
+                jobs = executor.map_array(
+                    run_array_task,
+                    [self.command(run_dir) for run_dir in chunk],
+                    [str(run_dir) for run_dir in chunk],
+                    chunk_attempts,
+                )
+            except Exception as err:
+                if journal:
+                    journal.failed(token, err)
+                raise
+            faults.passed("after-sbatch")
+            chunk_subs = [
+                Submission(run_dir.name, self.name, job.job_id, attempt, token=token)
                 for run_dir, job, attempt in zip(chunk, jobs, chunk_attempts, strict=True)
             ]
+            if journal:
+                journal.accepted(token, chunk_subs)
+            submissions += chunk_subs
             if self.on_chunk is not None:
                 self.on_chunk(
                     ChunkSubmitted(
@@ -339,7 +391,24 @@ class SlurmExecutor:
                         len(run_dirs),
                     )
                 )
+            faults.passed("after-chunk")
         return submissions
+
+    @staticmethod
+    def _tagged(params: dict[str, Any], token: str, intent: Path) -> dict[str, Any]:
+        """``params`` with the chunk's token in the job's comment and environment, and the
+        guard first in its batch script (exit 3: not the current submission, end the task)."""
+        from sweep.journal import COMMENT_PREFIX
+
+        guard = f"{shlex.quote(sys.executable)} -m sweep.executors.guard {shlex.quote(str(intent))}"
+        return {
+            **params,
+            "additional_parameters": {
+                **params.get("additional_parameters", {}),
+                "comment": COMMENT_PREFIX + token,
+            },
+            "setup": [f"export {TOKEN_ENV}={token}", f"{guard}; [ $? -ne 3 ] || exit 0"],
+        }
 
     def _parameters(self, layout: TaskLayout | None) -> dict[str, Any]:
         if layout is None:
@@ -347,8 +416,13 @@ class SlurmExecutor:
         shared = {k: v for k, v in self.parameters.items() if k != "gpus_per_task"}
         return {**shared, **layout.parameters()}
 
-    def query(self, submissions: list[Submission]) -> dict[str, str]:
-        """sacct first, squeue for what accounting does not (yet) know; unreachable: unknown."""
+    def query(
+        self, submissions: list[Submission], answer: Callable[[str], str] = scheduler_state
+    ) -> dict[str, str]:
+        """sacct first, squeue for what accounting does not (yet) know; unreachable: unknown.
+
+        ``answer`` maps a SLURM state to the value reported (``run_answer``: with cancelled).
+        """
         by_job = {sub.job_id: sub.run_id for sub in submissions if sub.job_id}
         if not by_job:
             return {}
@@ -359,17 +433,35 @@ class SlurmExecutor:
             squeue = _squeue_states(arrays)
             if squeue is None:
                 return {
-                    run: scheduler_state(known[job]) if job in known else "unknown"
+                    run: answer(known[job]) if job in known else "unknown"
                     for job, run in by_job.items()
                 }
             known = {**known, **squeue}
-        return {run: scheduler_state(known.get(job, "")) for job, run in by_job.items()}
+        return {run: answer(known.get(job, "")) for job, run in by_job.items()}
 
     def cancel(self, submissions: list[Submission]) -> None:
         """scancel the submissions' array tasks (finished ones are ignored by SLURM)."""
-        job_ids = [sub.job_id for sub in submissions if sub.job_id]
-        if job_ids:
-            _scheduler(["scancel", *job_ids])
+        cancel_jobs([sub.job_id for sub in submissions if sub.job_id])
+
+
+def jobs_by_comment(prefix: str) -> dict[str, list[str]] | None:
+    """{comment: [job ids]} of the live jobs whose comment starts with ``prefix`` (one squeue
+    call; arrays by their array id); None when the controller does not answer."""
+    result = _scheduler(["squeue", "-h", "-o", "%F|%k"])
+    if result.returncode != 0:
+        return None
+    found: dict[str, list[str]] = {}
+    for line in result.stdout.splitlines():
+        job_id, _, comment = line.strip().partition("|")
+        if comment.startswith(prefix) and job_id not in found.get(comment, []):
+            found.setdefault(comment, []).append(job_id)
+    return found
+
+
+def cancel_jobs(job_ids: list[str]) -> None:
+    """scancel these jobs (whole arrays for array ids)."""
+    if job_ids:
+        _scheduler(["scancel", *job_ids])
 
 
 def _check_at_least(label: str, value: int, low: int) -> None:
