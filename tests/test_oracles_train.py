@@ -127,18 +127,23 @@ def test_resumed_attempt_is_shorter_than_a_rerun(tmp_path):
     assert resumed_s < 0.7 * rerun_s, (resumed_s, rerun_s)
 
 
-def test_nan_injected_at_a_known_step_ends_the_run_diverged_there(tmp_path):
+def test_nan_injected_at_a_known_step_ends_the_run_diverged_there(tmp_path, monkeypatch):
     # A window longer than the run: only the NaN/Inf rule can end it.
     spec = micro_spec(divergence_window=1000)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "spec.json").write_text(spec.model_dump_json())
     make_trainer(spec, run_dir).run(until=10)
+    # The resumed attempt's training forwards give NaN logits, so step 11 is the first
+    # non-finite loss. (A NaN written into the checkpoint would not do: resume skips a
+    # poisoned checkpoint, tested in test_checkpoint_finite.py.)
+    plain_forward = TransformerLM.forward
 
-    def poison(state: dict) -> None:
-        state["model"]["head.weight"][0, 0] = math.nan
+    def poisoned_forward(self, tokens):
+        logits = plain_forward(self, tokens)
+        return logits * math.nan if self.training else logits
 
-    alter_checkpoint(run_dir, 10, poison)
+    monkeypatch.setattr(TransformerLM, "forward", poisoned_forward)
     assert execute(run_dir) == 0
     marker = json.loads((run_dir / "state.json").read_text())
     summary = json.loads((run_dir / "summary.json").read_text())
