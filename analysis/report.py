@@ -213,15 +213,16 @@ def analyze(
     tables: Sequence[str],
     out_dir: Path,
     n_boot: int = N_BOOT,
+    source: Source | None = None,
 ) -> list[Path]:
     """Write the requested figures (PNG and PDF) and tables (Markdown and CSV) into out_dir
     and an index.md linking them; return the paths written. "all" in plots/tables expands to
     every item. Raise ValueError with a clear message for an unknown plot/table name, a
     folder with no runs, or a plot that needs data the source lacks (e.g. curves for a
-    sweep without metrics)."""
+    sweep without metrics). ``source``: an already loaded :func:`load_source` to reuse."""
     plot_names = _expand(plots, PLOTS, "plot")
     table_names = _expand(tables, TABLES, "table")
-    src = load_source(sweep_dir, paper)
+    src = source or load_source(sweep_dir, paper)
     src.n_boot = n_boot
     out_dir = Path(out_dir)
     paths: list[Path] = []
