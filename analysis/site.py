@@ -269,7 +269,8 @@ def _write_run_pages(site: Site) -> None:
     for run_id in chosen[:MAX_RUN_PAGES]:
         site.run_pages[run_id] = f"runs/{slug(run_id)}.html"
     for run_id, rel in site.run_pages.items():
-        figures.plot_curves(curves[curves["run_id"] == run_id], site.out / "runs" / slug(run_id))
+        own = curves[curves["run_id"] == run_id]
+        figures.plot_curves(own, site.out / "runs" / slug(run_id), formats=("png",))
         facts = site.classified[site.classified["run_id"].astype(str) == run_id].iloc[0]
         frame = pd.DataFrame({"field": facts.index.astype(str), "value": facts.to_numpy()})
         config = str(facts["config"])
@@ -302,7 +303,7 @@ def _write_config_pages(site: Site) -> None:
         own = curves[curves["config"] == config] if curves is not None else None
         if own is not None and len(own):
             name = Path(rel).stem
-            figures.plot_curves(own, site.out / "configs" / name)
+            figures.plot_curves(own, site.out / "configs" / name, formats=("png",))
             body += (
                 f'<h2>Loss curves</h2><figure><img src="{name}/curves.png" '
                 f'alt="curves of {html.escape(config)}"></figure>'
@@ -320,7 +321,9 @@ def _write_config_pages(site: Site) -> None:
 def _write_topic_pages(site: Site) -> None:
     for page in site.pages:
         body = "".join(_figure(p, "") for p in site.pngs if PAGE_OF.get(p.stem) == page)
-        body += "".join(_table_section(site, c, "") for c in site.tables if PAGE_OF.get(c.stem) == page)
+        body += "".join(
+            _table_section(site, c, "") for c in site.tables if PAGE_OF.get(c.stem) == page
+        )
         if page == "instability":
             note = (
                 f"{len(site.run_pages)} unstable run(s) with logged curves have a page"
@@ -370,7 +373,13 @@ def write_report(
     src = load_source(sweep_dir, paper)
     out = Path(out_dir)
     paths = analyze(
-        sweep_dir, paper=paper, plots=["all"], tables=["all"], out_dir=out, n_boot=n_boot, source=src
+        sweep_dir,
+        paper=paper,
+        plots=["all"],
+        tables=["all"],
+        out_dir=out,
+        n_boot=n_boot,
+        source=src,
     )
     pngs = [p for p in paths if p.suffix == ".png"]
     tables = [p for p in paths if p.suffix == ".csv"]

@@ -190,7 +190,9 @@ def _mlflow_client(out: Path):
     # MLflow 3 keeps the file store (what `mlflow ui --backend-store-uri DIR` reads) behind
     # this opt-in; it is the one local store mlflow-skinny can write without a database.
     os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-    return MlflowClient(tracking_uri=os.environ.get("MLFLOW_TRACKING_URI") or out.resolve().as_uri())
+    return MlflowClient(
+        tracking_uri=os.environ.get("MLFLOW_TRACKING_URI") or out.resolve().as_uri()
+    )
 
 
 def _mlflow_experiment(client, name: str) -> str:

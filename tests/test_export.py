@@ -60,9 +60,7 @@ def read_tensorboard(out: Path, run_id: str):
     assert len(events) == 1, events
     acc = EventAccumulator(str(out / run_id), size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
-    metrics = {
-        tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]
-    }
+    metrics = {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
     config = json.loads(acc.Tensors("config")[0].tensor_proto.string_val[0])
     summary = json.loads(acc.Tensors("summary")[0].tensor_proto.string_val[0])
     return metrics, config, summary
@@ -86,7 +84,9 @@ def read_mlflow(out: Path, run_id: str):
         for key in run.data.metrics
         if not key.startswith("summary/")
     }
-    summary = {k[len("summary.") :]: v for k, v in run.data.tags.items() if k.startswith("summary.")}
+    summary = {
+        k[len("summary.") :]: v for k, v in run.data.tags.items() if k.startswith("summary.")
+    }
     assert run.info.run_name == run_id and run.info.status == "FINISHED"
     return metrics, dict(run.data.params), summary
 
@@ -128,7 +128,10 @@ def read_wandb(out: Path, run_id: str):
         if kind == "run":
             assert record.run.run_id == run_id and record.run.display_name == run_id
         if kind == "history":
-            items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+            items = {
+                i.key or "/".join(i.nested_key): json.loads(i.value_json)
+                for i in record.history.item
+            }
             step = int(items.pop("_step"))
             for key, value in items.items():
                 if not key.startswith("_"):

@@ -11,10 +11,12 @@ from urllib.parse import unquote, urlsplit
 
 import numpy as np
 import pytest
+from chromium import Browser, find_chromium
 
 from analysis.site import write_report
 from analysis.synthetic import BATCH, SEQ_LEN, write_metrics, write_synthetic_sweep
-from chromium import Browser, find_chromium
+
+pytestmark = pytest.mark.slow  # one report for the module: ~30 s of CPU (matplotlib)
 
 CONFIGS = {"bf16_bf16": 1.0, "fp8_e4m3_fp8_e4m3": 0.6}
 UNSTABLE = {"fp8_e4m3_fp8_e4m3": 1e14}
@@ -128,10 +130,12 @@ def test_report_pages_and_what_they_show(report):
         assert f'src="{name}.png"' in index
     assert "fits_compute.csv" in index and "fits_chinchilla" in index
     assert "20 runs (20 done)" in index  # 18 grid runs + 2 arms
-    # Exactly the injected unstable runs (fp8 at 1e14) get a run page, linked from the
-    # instability page.
+    # Exactly the unstable runs get a run page, linked from the instability page: the
+    # injected blow-ups (fp8 at 1e14) and the two arms branched from one of them.
     run_pages = sorted(p.name for p in (root / "runs").glob("*.html"))
-    assert run_pages == [f"fp8_e4m3_fp8_e4m3-1.000e14-{d}-0.html" for d in (128, 32, 64)]
+    blown = [f"fp8_e4m3_fp8_e4m3-1.000e14-{d}-0" for d in (128, 32, 64)]
+    arms = [f"{blown[1]}-{arm}" for arm in ("bf16_weights", "control")]
+    assert run_pages == sorted(f"{run}.html" for run in blown + arms)
     instability = (root / "instability.html").read_text()
     for page in run_pages:
         assert f'href="runs/{page}"' in instability
@@ -197,8 +201,12 @@ def check_site(browser: Browser, index: Path) -> tuple[list[str], int]:
         browser.open(url)
         facts = browser.evaluate(PAGE_FACTS)
         page = unquote(urlsplit(url).path)
-        problems += [f"{page}: image {i['src']} did not load" for i in facts["images"] if not i["width"]]
-        problems += [f"{page}: table {k} has no rows" for k, n in enumerate(facts["tables"]) if not n]
+        problems += [
+            f"{page}: image {i['src']} did not load" for i in facts["images"] if not i["width"]
+        ]
+        problems += [
+            f"{page}: table {k} has no rows" for k, n in enumerate(facts["tables"]) if not n
+        ]
         for link in facts["links"]:
             parts = urlsplit(link)
             if parts.scheme != "file":
