@@ -182,18 +182,20 @@ class Site:
         return path
 
     def run_link(self, root: str) -> Callable[[object], str | None]:
-        def link(run_id: object) -> str | None:
-            page = self.run_pages.get(str(run_id))
-            return root + page if page else None
-
-        return link
+        return _linker(self.run_pages, root)
 
     def config_link(self, root: str) -> Callable[[object], str | None]:
-        def link(config: object) -> str | None:
-            page = self.config_pages.get(str(config))
-            return root + page if page else None
+        return _linker(self.config_pages, root)
 
-        return link
+
+def _linker(pages: dict[str, str], root: str) -> Callable[[object], str | None]:
+    """The href of a key's page from a page ``root`` prefix (None when it has no page)."""
+
+    def link(key: object) -> str | None:
+        page = pages.get(str(key))
+        return root + page if page else None
+
+    return link
 
 
 def _title_and_note(csv: Path) -> tuple[str, str]:
