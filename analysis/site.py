@@ -198,6 +198,14 @@ def _linker(pages: dict[str, str], root: str) -> Callable[[object], str | None]:
     return link
 
 
+def _read_csv(csv: Path) -> pd.DataFrame:
+    """A table written by the analysis; one with no columns at all reads as empty."""
+    try:
+        return pd.read_csv(csv)
+    except pd.errors.EmptyDataError:
+        return pd.DataFrame()
+
+
 def _title_and_note(csv: Path) -> tuple[str, str]:
     """The title and note :func:`analysis.tables.write_table` put around the Markdown table."""
     md = csv.with_suffix(".md")
@@ -221,7 +229,7 @@ def _figure(png: Path, root: str) -> str:
 
 def _table_section(site: Site, csv: Path, root: str, frame: pd.DataFrame | None = None) -> str:
     title, note = _title_and_note(csv)
-    frame = pd.read_csv(csv) if frame is None else frame
+    frame = _read_csv(csv) if frame is None else frame
     links = {
         "run_id": site.run_link(root),
         "parent": site.run_link(root),
@@ -290,7 +298,7 @@ def _config_rows(site: Site, config: str) -> list[tuple[Path, pd.DataFrame]]:
     """This configuration's rows of every table that has a config column."""
     found = []
     for csv in site.tables:
-        frame = pd.read_csv(csv)
+        frame = _read_csv(csv)
         if "config" in frame and (frame["config"] == config).any():
             found.append((csv, frame[frame["config"] == config]))
     return found

@@ -261,3 +261,21 @@ def test_broken_link_and_missing_image_are_caught(report, browser, tmp_path):
     assert any("isoflop.png did not load" in p for p in problems), problems
     assert any("broken link" in p and "/gone/" in p for p in problems), problems
     assert len(problems) == 2, problems
+
+
+def test_report_of_a_barely_started_sweep(tmp_path):
+    """One finished run and one pending: what cannot be drawn is listed as skipped, and
+    empty tables become a note instead of a table without rows."""
+    write_synthetic_sweep(
+        tmp_path / "s", configs={"bf16_bf16": 1.0}, budgets=[1e12], shapes=[(32, 1)], n_points=20
+    )
+    pending = tmp_path / "s" / "runs" / "pending-run"
+    pending.mkdir()
+    (pending / "spec.json").write_text(
+        json.dumps({"precision": {"w_fmt": "bf16", "a_fmt": "bf16"}})
+    )
+    index = write_report(tmp_path / "s", paper=False, out_dir=tmp_path / "r", n_boot=2)
+    text = index.read_text()
+    assert "2 runs (1 done, 1 pending)" in text and "<h2>Skipped</h2>" in text
+    for page in (tmp_path / "r").rglob("*.html"):
+        assert "<tbody></tbody>" not in page.read_text(), page
