@@ -17,14 +17,16 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,tracking]'
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/sweep launch grids/demo.yaml --sweep-dir $(SWEEP_DIR) --executor local
 	$(BIN)/sweep status $(SWEEP_DIR)
 	$(BIN)/sweep analyze $(SWEEP_DIR) --plot scaling --out $(SWEEP_DIR)/figures
+	$(BIN)/sweep report $(SWEEP_DIR) --out $(SWEEP_DIR)/report
 	@echo "demo figure: $(SWEEP_DIR)/figures/scaling.png"
+	@echo "demo report (open in a browser): file://$(abspath $(SWEEP_DIR))/report/index.html"
 
 # The proxy study end to end: paired FP32/MX runs, every intervention arm branched before the
 # detected onset of each unstable MX run, then the paired and intervention figures/tables.
@@ -65,8 +67,8 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 figures: $(STAMP)
-	$(BIN)/sweep analyze --paper --plot all --table all --out $(FIG_DIR)/paper
-	@if [ -d $(SWEEP_DIR)/runs ]; then $(BIN)/sweep analyze $(SWEEP_DIR) --plot all --table all --out $(FIG_DIR)/demo; \
+	$(BIN)/sweep report --paper --out $(FIG_DIR)/paper
+	@if [ -d $(SWEEP_DIR)/runs ]; then $(BIN)/sweep report $(SWEEP_DIR) --out $(FIG_DIR)/demo; \
 	else echo "no demo sweep at $(SWEEP_DIR): run 'make demo' first for its figures"; fi
 	$(BIN)/python -m analysis.index $(FIG_DIR)
 

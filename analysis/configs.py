@@ -50,6 +50,7 @@ KNOWN_CONFIGS = (
     "fp8_e5m2_fp8_e5m2_block_size_2",
     "fp8_e4m3_bf16",
     "fp32_fp32",
+    "fp4_e2m1_fp4_e2m1",  # the demo's MXFP4 (appended: earlier colours stay)
 )
 
 

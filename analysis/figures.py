@@ -29,10 +29,12 @@ SINGLE_AXES_MAX = 6  # more configurations than this get one panel each
 CLIP_ABOVE_ENVELOPE = 1.25
 
 
-def save(fig: plt.Figure, out_dir: Path, name: str) -> list[Path]:
-    """Write ``fig`` as PNG and PDF and close it."""
+def save(
+    fig: plt.Figure, out_dir: Path, name: str, formats: tuple[str, ...] = ("png", "pdf")
+) -> list[Path]:
+    """Write ``fig`` as PNG and PDF (or ``formats``) and close it."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / f"{name}.png", out_dir / f"{name}.pdf"]
+    paths = [out_dir / f"{name}.{ext}" for ext in formats]
     for path in paths:
         fig.savefig(path, dpi=150, bbox_inches="tight")
     plt.close(fig)
@@ -89,11 +91,19 @@ def _draw_compute_law(ax: plt.Axes, law: ConfigLaw, runs: pd.DataFrame, loss: st
         fit.predict(grid),
         color=color,
         ls="--" if fit.underdetermined else "-",
-        label=f"  L = {fit.E:.3g} + {fit.A:.3g}·C^-{fit.gamma:.3f}{note}",
+        label=f"  L = {fit.E:.4g} + {fit.A:.3g}·C^-{fit.gamma:.3f}{note}",
     )
     if law.boot is not None:
         lo, hi = law.boot.loss_ci(grid)
         ax.fill_between(grid, lo, hi, color=color, alpha=0.15, linewidth=0)
+
+
+def _entropy_rate(runs: pd.DataFrame) -> float | None:
+    """The corpus's true entropy rate when every run that knows one agrees on it (synthetic)."""
+    if "entropy_rate" not in runs:
+        return None
+    rates = runs["entropy_rate"].astype(float).dropna().round(6).unique()
+    return float(rates[0]) if len(rates) == 1 else None
 
 
 def plot_scaling(
@@ -110,7 +120,16 @@ def plot_scaling(
         _draw_compute_law(ax, law, runs, loss)
         if len(law.data):
             worst_best[ax] = max(worst_best.get(ax, 0.0), float(law.data[loss].max()))
+    entropy = _entropy_rate(runs)
     for ax in dict.fromkeys(axes):
+        if entropy is not None:
+            ax.axhline(
+                entropy,
+                color="k",
+                ls=":",
+                lw=1,
+                label=f"true entropy rate H = {entropy:.4g} (vs each fit's E)",
+            )
         if ax in worst_best:
             # Diverged runs (loss 2-5x the envelope) would otherwise flatten every curve.
             ax.set_ylim(top=CLIP_ABOVE_ENVELOPE * worst_best[ax])
@@ -197,7 +216,9 @@ def plot_contours(
     return save(fig, out_dir, "contours")
 
 
-def plot_curves(curves: pd.DataFrame, out_dir: Path) -> list[Path]:
+def plot_curves(
+    curves: pd.DataFrame, out_dir: Path, formats: tuple[str, ...] = ("png", "pdf")
+) -> list[Path]:
     """Train-loss and grad-norm curves per configuration, coloured by tokens/param ratio.
 
     ``curves``: long frame with run_id, step, name, value, ratio, config.
@@ -221,7 +242,7 @@ def plot_curves(curves: pd.DataFrame, out_dir: Path) -> list[Path]:
             ax.set_xlabel("step")
             ax.set_yscale("log")
     fig.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), ax=axes, label="tokens / param")
-    return save(fig, out_dir, "curves")
+    return save(fig, out_dir, "curves", formats)
 
 
 def _color_ticklabels(ax: plt.Axes) -> None:

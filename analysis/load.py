@@ -176,6 +176,8 @@ def _sweep_run_row(run_dir: Path) -> dict:
         "source": "sweep",
         "diverged_step": _float(summary.get("diverged_step")),
         "initial_loss": _float(summary.get("initial_loss")),
+        # The synthetic source's true entropy rate (None for file corpora and the proxy).
+        "entropy_rate": _float(summary.get("entropy_rate")),
     }
 
 

@@ -291,16 +291,18 @@ def analyze(
     n_boot: int = N_BOOT,
     base: str = BASELINE,
     cutoff: float | None = None,
+    source: Source | None = None,
 ) -> list[Path]:
     """Write the requested figures (PNG and PDF) and tables (Markdown and CSV) into out_dir
     and an index.md linking them; return the paths written. "all" in plots/tables expands to
     every item. ``base`` and ``cutoff`` configure the transfer table/plot (the held-out
-    evaluation; cutoff None: the lower median budget). Raise ValueError with a clear message
-    for an unknown plot/table name, a folder with no runs, or a plot that needs data the
-    source lacks (e.g. curves for a sweep without metrics)."""
+    evaluation; cutoff None: the lower median budget). ``source``: an already loaded
+    :func:`load_source` to reuse. Raise ValueError with a clear message for an unknown
+    plot/table name, a folder with no runs, or a plot that needs data the source lacks (e.g.
+    curves for a sweep without metrics)."""
     plot_names = _expand(plots, PLOTS, "plot")
     table_names = _expand(tables, TABLES, "table")
-    src = load_source(sweep_dir, paper)
+    src = source or load_source(sweep_dir, paper)
     src.n_boot = n_boot
     src.transfer_base, src.transfer_cutoff = base, cutoff
     out_dir = Path(out_dir)

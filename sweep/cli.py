@@ -1,4 +1,5 @@
-"""The `sweep` command line: launch, plan, status, run, analyze, schema, cancel, logs, clean.
+"""The `sweep` command line: launch, plan, status, run, analyze, report, export, schema, cancel,
+logs, clean.
 
 Configuration errors exit with code 2 and a message naming file, key and allowed values;
 nothing is launched in that case.
@@ -292,6 +293,55 @@ def analyze(
         _fail(str(err))
     for path in written:
         console.print(f"wrote {path}")
+
+
+@app.command()
+def report(
+    sweep_dir: Annotated[Path | None, typer.Argument(help="sweep folder")] = None,
+    paper: Annotated[bool, typer.Option(help="use the paper's published runs")] = False,
+    out: Annotated[
+        Path | None, typer.Option(help="output folder (default: SWEEP_DIR/report, figures/paper)")
+    ] = None,
+) -> None:
+    """Write a static HTML report (index.html + figures + sortable tables) of a sweep."""
+    from analysis.site import write_report
+
+    if (sweep_dir is None) == (not paper):
+        _fail("give a SWEEP_DIR or --paper (one of them)")
+    out_dir = out or (Path("figures/paper") if paper else sweep_dir / "report")
+    try:
+        index = write_report(sweep_dir, paper=paper, out_dir=out_dir)
+    except ValueError as err:
+        _fail(str(err))
+    console.print(f"report: {index.resolve()}")
+    console.print(f"open: {index.resolve().as_uri()}")
+
+
+@app.command()
+def export(
+    sweep_dir: SweepDirArg,
+    to: Annotated[str, typer.Option(help="tensorboard | wandb | mlflow")],
+    out: Annotated[
+        Path | None, typer.Option(help="output folder (default: SWEEP_DIR/export/<tracker>)")
+    ] = None,
+    runs: Annotated[
+        list[str] | None, typer.Option(help="only these run ids (unique prefixes; repeatable)")
+    ] = None,
+) -> None:
+    """Export every run (metrics, config, summary) as one tracker run keyed by run id."""
+    from rich.markup import escape
+
+    from sweep.export import ExportError
+    from sweep.export import export as do_export
+
+    try:
+        result = do_export(sweep_dir, to, out, runs)
+    except ExportError as err:
+        _fail(escape(str(err)))  # "[tracking]" is not Rich markup
+    console.print(
+        f"{to}: wrote {len(result.written)} run(s), {len(result.unchanged)} unchanged, "
+        f"{len(result.no_metrics)} without metrics yet -> {result.out_dir}"
+    )
 
 
 @app.command()

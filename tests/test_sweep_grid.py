@@ -175,6 +175,15 @@ def test_demo_grid_is_big_enough_to_show_a_trend(repo_root):
     assert len({s.budget for s in runs}) >= 3
     assert len({s.model.d_model for s in runs}) >= 3
     assert {s.tags["config"] for s in runs} >= {"bf16_bf16", "fp8_e4m3_fp8_e4m3"}
+    # Issue 18: >= 5 budgets, each with >= 3 sizes (an IsoFLOP parabola), and an MX format
+    # whose gap to bf16 shows (MXFP4) beside MXFP8.
+    budgets = {s.budget for s in runs}
+    assert len(budgets) >= 5
+    for budget in budgets:
+        sizes = {s.model.d_model for s in runs if s.budget == budget}
+        assert len(sizes) >= 3, (budget, sizes)
+    assert "fp4_e2m1_fp4_e2m1" in {s.tags["config"] for s in runs}
+    assert len(runs) == 60
 
 
 def test_paper_grid_covers_every_published_run(repo_root):
