@@ -34,8 +34,10 @@ from mx.spec import PrecisionSpec
 from sweep.executors.base import run_command
 from sweep.executors.local import LocalExecutor, spawn_ranks
 from sweep.executors.slurm import SlurmExecutor, TaskLayout, slurm_available
+from sweep.journal import Journal
 from sweep.plan import plan_rows
 from sweep.run import EXIT_PREEMPTED, execute
+from sweep.store import SweepStore
 
 ROOT = Path(__file__).resolve().parents[1]
 MXFP8 = PrecisionSpec(w_fmt="fp8_e4m3", a_fmt="fp8_e4m3")
@@ -287,7 +289,8 @@ def test_two_task_slurm_run_survives_preemption_on_the_same_trajectory(tmp_path,
     executor = SlurmExecutor(
         tmp_path, time_min=10, layouts={spec.run_id: TaskLayout(tasks_per_node=2)}
     )
-    (sub,) = executor.submit([run_dir], {spec.run_id: 1})
+    # As the launcher does: the write-ahead journal records the submission the job checks.
+    (sub,) = executor.submit([run_dir], {spec.run_id: 1}, journal=Journal(SweepStore(tmp_path)))
     try:
         wait_until(
             lambda: any(s >= 10 for s in checkpoint_steps(run_dir / "checkpoints")),
