@@ -14,9 +14,12 @@ import pytest
 import yaml
 from executor_fixtures import requires_slurm, wait_until
 
+from sweep.store import read_json_if_exists
+
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, requires_slurm]
 SWEEP = [sys.executable, "-m", "sweep.cli"]
-STEPS = 2000
+# Long enough that a quiet machine (~400 steps/s) is still training seconds after the signal.
+STEPS = 6000
 TIMEOUT_S = 300
 
 
@@ -59,15 +62,17 @@ def _start_lines(run_dir: Path) -> list[str]:
     ]
 
 
-def _wait_training(sweep_dir: Path, cwd: Path, min_step: int) -> dict:
-    rows: list[dict] = []
+def _wait_training(sweep_dir: Path, min_step: int) -> str:
+    """The job id once the run trains past ``min_step``, read from the run's own markers:
+    polling them (not a `sweep status` process per poll) cannot miss a fast run's window."""
+    (run_dir,) = (sweep_dir / "runs").iterdir()
 
     def training() -> bool:
-        rows[:] = [_row(sweep_dir, cwd)]
-        return rows[0]["state"] == "running" and rows[0]["step"] >= min_step
+        marker = read_json_if_exists(run_dir / "state.json") or {}
+        return marker.get("state") == "running" and marker.get("step", 0) >= min_step
 
     wait_until(training, TIMEOUT_S, f"the run training past step {min_step}")
-    return rows[0]
+    return read_json_if_exists(run_dir / "submitted.json")["job_id"]
 
 
 @pytest.mark.parametrize("signal_name", ["TERM", "USR2"])
@@ -78,7 +83,7 @@ def test_preempted_training_run_comes_back_by_its_own_requeue(
     sweep_dir = tmp_path / f"preempt-{signal_name}"
     assert "submitted 1 via slurm" in _launch(grid, sweep_dir, repo_root)
     try:
-        job = _wait_training(sweep_dir, repo_root, 200)["job_id"]
+        job = _wait_training(sweep_dir, 200)
         # What SLURM sends on preemption (TERM) or before a time limit (USR2@90).
         subprocess.run(["scancel", f"--signal={signal_name}", job], check=True)
         wait_until(
@@ -105,7 +110,7 @@ def test_a_users_scancel_cancels_the_run_until_retry_failed(tmp_path: Path, repo
     sweep_dir = tmp_path / "scancel"
     _launch(grid, sweep_dir, repo_root)
     try:
-        job = _wait_training(sweep_dir, repo_root, 150)["job_id"]
+        job = _wait_training(sweep_dir, 150)
         subprocess.run(["scancel", job], check=True)
         wait_until(
             lambda: _row(sweep_dir, repo_root)["state"] == "cancelled",
