@@ -15,6 +15,8 @@ import pytest
 import yaml
 from executor_fixtures import requires_slurm, wait_until
 
+from sweep.store import read_json_if_exists
+
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, requires_slurm]
 TIMEOUT_S = 400
 
@@ -42,6 +44,11 @@ def _rows(sweep_dir: Path) -> dict[str, dict]:
     return {row["run_id"]: row for row in json.loads(result.stdout)["runs"]}
 
 
+def _any_training(sweep_dir: Path, min_step: int) -> bool:
+    markers = (read_json_if_exists(path) or {} for path in sweep_dir.glob("runs/*/state.json"))
+    return any(m.get("state") == "running" and m.get("step", 0) >= min_step for m in markers)
+
+
 def _job_ended(job: str) -> bool:
     out = subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout
     return not out.strip()
@@ -58,22 +65,15 @@ def _starts(run_dir: Path) -> list[str]:
 
 def test_ray_sweep_in_an_allocation_survives_its_scancel(tmp_path: Path, repo_root: Path):
     grid = yaml.safe_load((repo_root / "tests" / "grids" / "resume.yaml").read_text())
-    grid["base"]["train"]["steps"] = 1000
+    # Long enough that a quiet machine (~400 steps/s) is still mid-sweep at the scancel.
+    grid["base"]["train"]["steps"] = 8000
     grid_path = tmp_path / "ray_grid.yaml"
     grid_path.write_text(yaml.safe_dump(grid))
     sweep_dir = tmp_path / "sweep"
     jobs = [_sbatch(repo_root, tmp_path, grid_path, sweep_dir)]
     try:
-        wait_until(
-            lambda: (
-                sweep_dir.is_dir()
-                and any(
-                    r["state"] == "running" and r["step"] >= 100 for r in _rows(sweep_dir).values()
-                )
-            ),
-            TIMEOUT_S,
-            "a run training inside the Ray allocation",
-        )
+        # The runs' own markers, polled directly: a status process per poll is too slow.
+        wait_until(lambda: _any_training(sweep_dir, 100), TIMEOUT_S, "a run training inside Ray")
         subprocess.run(["scancel", jobs[0]], check=True)
         wait_until(lambda: _job_ended(jobs[0]), 120, "the allocation to end")
         # The driver died with the allocation: no run may still read as running.
