@@ -11,8 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
+from metric_rows import comparable_rows
 
 from models.checkpoint import checkpoint_steps
 from models.config import LMConfig, RunSpec, SyntheticData, TrainConfig
@@ -34,19 +34,11 @@ SPEC = RunSpec(
 )
 
 
-def rows(run_dir: Path):
-    table = pq.read_table(run_dir / "metrics").to_pandas()
-    table["name"] = table["name"].astype(str)
-    table = table[~table["name"].str.startswith("perf/")].drop(columns="wall_time")
-    assert not table.duplicated(["step", "name"]).any()
-    return table.sort_values(["step", "name"]).reset_index(drop=True)
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("reference")
     train_run(SPEC, run_dir)
-    return rows(run_dir)
+    return comparable_rows(run_dir)
 
 
 def sweep_run(run_dir: Path) -> subprocess.Popen:
@@ -78,7 +70,7 @@ def test_signalled_sweep_run_exits_75_and_resumes_on_the_same_trajectory(tmp_pat
     stopped = marker["step"]
     assert marker["state"] == "preempted" and 5 <= stopped < SPEC.train.steps, marker
     assert stopped == max(checkpoint_steps(run_dir / "checkpoints"))
-    assert rows(run_dir)["step"].max() == stopped
+    assert comparable_rows(run_dir)["step"].max() == stopped
 
     again = sweep_run(run_dir)
     output = again.communicate(timeout=300)[0]
@@ -86,4 +78,4 @@ def test_signalled_sweep_run_exits_75_and_resumes_on_the_same_trajectory(tmp_pat
     assert f"resuming from step {stopped}" in output
     marker = json.loads((run_dir / "state.json").read_text())
     assert (marker["state"], marker["step"]) == ("done", SPEC.train.steps)
-    assert rows(run_dir).equals(reference)
+    assert comparable_rows(run_dir).equals(reference)

@@ -6,8 +6,8 @@ import sys
 import time
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
+from metric_rows import comparable_rows
 
 from models.checkpoint import checkpoint_steps
 from models.config import LMConfig, RunSpec, SyntheticData, TrainConfig
@@ -49,19 +49,10 @@ SPEC = RunSpec(
 )
 
 
-def _rows(run_dir: Path):
-    df = pq.read_table(run_dir / "metrics").to_pandas()
-    df["name"] = df["name"].astype(str)
-    # Timing rows legitimately differ between attempts; everything else must not.
-    df = df[~df.name.str.startswith("perf/")].drop(columns="wall_time")
-    assert not df.duplicated(["step", "name"]).any()
-    return df.sort_values(["step", "name"]).reset_index(drop=True)
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("reference")
-    return train_run(SPEC, run_dir), _rows(run_dir)
+    return train_run(SPEC, run_dir), comparable_rows(run_dir)
 
 
 def _interrupt(run_dir: Path, sig: int, after_checkpoint_step: int) -> int:
@@ -86,11 +77,11 @@ def test_resume_continues_the_same_trajectory(tmp_path, reference, sig):
     if sig == signal.SIGTERM:
         assert code == PREEMPTED_EXIT
         # The signal's checkpoint and the metric rows up to it were written together.
-        assert _rows(run_dir).step.max() == max(steps)
+        assert comparable_rows(run_dir).step.max() == max(steps)
     else:
         assert code == -signal.SIGKILL
     summary = train_run(SPEC, run_dir)
-    assert _rows(run_dir).equals(ref_rows)
+    assert comparable_rows(run_dir).equals(ref_rows)
     for key in (
         "final_val_loss",
         "min_val_loss",
