@@ -22,8 +22,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from models.atomic import atomic_write_json
 from models.config import RunSpec, TextFileData, TokenFileData
+from runfolder.atomic import atomic_write_json
 from sweep.errors import GridError
 
 SAMPLE_CHUNKS = 64
