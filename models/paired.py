@@ -19,6 +19,7 @@ from torch import nn
 
 from models.config import TrainConfig
 from models.replica import Batch, Replica
+from runfolder.metrics import PAIRED_PREFIX
 
 _BLOCK = re.compile(r"^(blocks\.\d+)\.")
 
@@ -47,7 +48,7 @@ def gradient_bias(mx_model: nn.Module, fp32_model: nn.Module) -> dict[str, float
     total = torch.stack(list(sums.values())).sum(0)
     for key, terms in [("all", total), *sorted(sums.items())]:
         dot, fp_sq, mx_sq, diff_sq = terms.tolist()
-        prefix = "paired/" if key == "all" else f"paired/{key}/"
+        prefix = PAIRED_PREFIX if key == "all" else f"{PAIRED_PREFIX}{key}/"
         values[prefix + "grad_cos"] = dot / max((fp_sq * mx_sq) ** 0.5, 1e-300)
         values[prefix + "grad_rel_err"] = diff_sq / max(fp_sq, 1e-300)
         values[prefix + "grad_zeta"] = dot / max(fp_sq, 1e-300) - 1.0

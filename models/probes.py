@@ -25,6 +25,17 @@ from torch import nn
 from models.distributed import full
 from models.paired import gradient_bias
 from mx.spec import MX_FORMATS
+from runfolder.metrics import (
+    GRAD_NORM,
+    GRAD_NORM_PREFIX,
+    MX_CLIP_PREFIX,
+    PAIRED_FP32_LOSS,
+    PAIRED_FP32_VAL_LOSS,
+    PAIRED_PREFIX,
+    STEP_TIME,
+    TOKENS_PER_S,
+    VAL_LOSS_QUANTIZED,
+)
 
 if TYPE_CHECKING:
     from models.train import Trainer
@@ -114,7 +125,7 @@ class ClipRates(Probe):
     """Per-layer MX clip rates of the stats step's forward (weights ``/w``, activations
     ``/a``), averaged over the ranks."""
 
-    names = ("mx/clip/*",)
+    names = (f"{MX_CLIP_PREFIX}*",)
 
     def before_forward(self, trainer: Trainer, step: Step) -> Values:
         trainer.mx.set_clip_tracking(trainer.model, True)
@@ -122,7 +133,7 @@ class ClipRates(Probe):
 
     def after_backward(self, trainer: Trainer, step: Step) -> Values:
         # clip_rates must be read before tracking is switched off (that clears them).
-        rates = {f"mx/clip/{k}": v for k, v in trainer.mx.clip_rates(trainer.model).items()}
+        rates = {MX_CLIP_PREFIX + k: v for k, v in trainer.mx.clip_rates(trainer.model).items()}
         values = trainer.world.mean_values(rates)
         trainer.mx.set_clip_tracking(trainer.model, False)
         return values
@@ -132,7 +143,7 @@ class GradNorms(Probe):
     """The update's pre-clip gradient norm and every parameter's gradient norm (read before
     extra gradient terms such as LOTION's are added)."""
 
-    names = ("optim/grad_norm", "grad_norm/*")
+    names = (GRAD_NORM, f"{GRAD_NORM_PREFIX}*")
 
     def __init__(self) -> None:
         self._norms: list[float] = []
@@ -144,8 +155,8 @@ class GradNorms(Probe):
 
     def after_update(self, trainer: Trainer, step: Step) -> Values:
         names = [name for name, _ in trainer.model.named_parameters()]
-        values = {"optim/grad_norm": step.grad_norm.item()}
-        values.update({f"grad_norm/{n}": g for n, g in zip(names, self._norms, strict=True)})
+        values = {GRAD_NORM: step.grad_norm.item()}
+        values.update({GRAD_NORM_PREFIX + n: g for n, g in zip(names, self._norms, strict=True)})
         return values
 
 
@@ -217,30 +228,30 @@ class PairedGradients(Probe):
     """Gradient agreement of the main network and its FP32 twin (models.paired), and the
     twin's loss on the same batch."""
 
-    names = ("paired/grad_*", "paired/*/grad_*", "paired/fp32_loss")
+    names = (f"{PAIRED_PREFIX}grad_*", f"{PAIRED_PREFIX}*/grad_*", PAIRED_FP32_LOSS)
     every = "log"
 
     def before_update(self, trainer: Trainer, step: Step) -> Values:
         values = gradient_bias(trainer.model, trainer.twin.model)
-        values["paired/fp32_loss"] = trainer.twin.loss.item()
+        values[PAIRED_FP32_LOSS] = trainer.twin.loss.item()
         return values
 
 
 class PairedValLoss(Probe):
     """The FP32 twin's validation loss."""
 
-    names = ("paired/fp32_val_loss",)
+    names = (PAIRED_FP32_VAL_LOSS,)
     every = "eval"
 
     def on_eval(self, trainer: Trainer) -> Values:
-        return {"paired/fp32_val_loss": trainer.twin.val_loss(trainer.data.val_batches())}
+        return {PAIRED_FP32_VAL_LOSS: trainer.twin.val_loss(trainer.data.val_batches())}
 
 
 class QuantizedEval(Probe):
     """Validation loss with the Linear weights cast to ``train.quantized_eval``; also kept in
     the tracker for the summary's ``final_val_loss_quantized``."""
 
-    names = ("val/loss_quantized",)
+    names = (VAL_LOSS_QUANTIZED,)
     every = "eval"
 
     def on_eval(self, trainer: Trainer) -> Values:
@@ -249,13 +260,13 @@ class QuantizedEval(Probe):
         with quantized_weights(trainer.model, trainer.cfg.quantized_eval):
             loss = trainer.val_loss()
         trainer.tracker.val_losses_quantized.append(loss)
-        return {"val/loss_quantized": loss}
+        return {VAL_LOSS_QUANTIZED: loss}
 
 
 class Throughput(Probe):
     """Mean step time and tokens/s since the previous stats step (or the attempt's start)."""
 
-    names = ("perf/step_time", "perf/tokens_per_s")
+    names = (STEP_TIME, TOKENS_PER_S)
 
     def begin(self, trainer: Trainer) -> None:
         self._mark = (time.time(), trainer.step)
@@ -265,8 +276,8 @@ class Throughput(Probe):
         step_time = (now - self._mark[0]) / (update - self._mark[1])
         self._mark = (now, update)
         return {
-            "perf/step_time": step_time,
-            "perf/tokens_per_s": trainer.spec.tokens_per_step / step_time,
+            STEP_TIME: step_time,
+            TOKENS_PER_S: trainer.spec.tokens_per_step / step_time,
         }
 
 

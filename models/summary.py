@@ -55,7 +55,7 @@ def run_summary(
         else None,
         "entropy_rate": data.entropy_rate,
         "unigram_entropy": data.unigram_entropy(),
-        "config": spec.tags.get("config", spec.precision.label),
+        "config": spec.label,
         "w_fmt": spec.precision.w_fmt,
         "a_fmt": spec.precision.a_fmt,
         "d_model": m.d_model,

@@ -45,6 +45,8 @@ from models.summary import run_summary
 from models.tracker import Tracker
 from models.transformer import count_params
 from models.workloads import workload_for
+from runfolder.metrics import TRAIN_LOSS, TRAIN_LR, VAL_LOSS
+from runfolder.paths import RunPaths
 
 __all__ = ["Preempted", "Reporter", "Trainer", "lr_at"]
 
@@ -81,7 +83,8 @@ class Trainer:
     ) -> None:
         self.spec, self.cfg, self.reporter = spec, spec.train, reporter
         self.run_dir = Path(run_dir)
-        self.ckpt_dir, self.metrics_dir = self.run_dir / "checkpoints", self.run_dir / "metrics"
+        paths = RunPaths(self.run_dir)
+        self.ckpt_dir, self.metrics_dir = paths.checkpoints, paths.metrics
         torch.set_num_threads(self.cfg.threads or 1)
         self.world = current_world()
         self.device = device_for(self.cfg.device, self.world)
@@ -209,7 +212,7 @@ class Trainer:
                 self.step = update
                 if log:
                     loss_value = self.world.mean(loss).item()
-                    values.update({"train/loss": loss_value, "train/lr": lr_at(update - 1, cfg)})
+                    values.update({TRAIN_LOSS: loss_value, TRAIN_LR: lr_at(update - 1, cfg)})
                     self.tracker.observe(update, loss_value, cfg.divergence_window)
                     if self.reporter is not None:
                         self.reporter.progress(update, cfg.steps, loss_value)
@@ -239,7 +242,7 @@ class Trainer:
     def _evaluate(self) -> dict[str, float]:
         loss = self.val_loss()
         self.tracker.val_losses.append(loss)
-        return {"val/loss": loss, **self.probes.evaluate(self)}
+        return {VAL_LOSS: loss, **self.probes.evaluate(self)}
 
     def summary(self) -> dict:
         """The flat, JSON-able run summary."""
