@@ -11,12 +11,27 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from models.checkpoint import load_checkpoint
 from models.config import Branch, RunSpec
 from runfolder.paths import checkpoint_path, checkpoint_steps
+
+
+@dataclass(frozen=True)
+class BranchStart:
+    """The start of a branched run, given to ``Trainer.resume``: calling it returns the
+    parent's state at the branch step (loaded or replayed; only when the branch has no
+    checkpoint of its own)."""
+
+    branch: Branch
+    runs_dir: Path
+    make_trainer: Callable[[RunSpec, Path], Any]
+
+    def __call__(self) -> dict[str, Any]:
+        return branch_start_state(self.branch, self.runs_dir, self.make_trainer)
 
 
 def branch_start_state(

@@ -4,7 +4,8 @@ Both start from the same initial weights and see the same batch at every step, e
 its own optimizer, so any difference between them is due to precision. At every logged step
 the gradient bias between the two runs is recorded, overall and per residual block:
 cosine, relative error ‖g_mx − g_fp32‖²/‖g_fp32‖² and ζ = ⟨g_mx, g_fp32⟩/‖g_fp32‖² − 1
-(the paper's multiplicative bias ĝ = (1+ζ)·g, projected on g).
+(the paper's multiplicative bias ĝ = (1+ζ)·g, projected on g; logged by models.probes).
+The twin is a component the trainer is given (models.runner decides), not a subclass.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from models.train import Batch, Replica, Trainer, lr_at
+from models.config import TrainConfig
+from models.replica import Batch, Replica
+from runfolder.metrics import PAIRED_PREFIX
 
 _BLOCK = re.compile(r"^(blocks\.\d+)\.")
 
@@ -45,47 +48,45 @@ def gradient_bias(mx_model: nn.Module, fp32_model: nn.Module) -> dict[str, float
     total = torch.stack(list(sums.values())).sum(0)
     for key, terms in [("all", total), *sorted(sums.items())]:
         dot, fp_sq, mx_sq, diff_sq = terms.tolist()
-        prefix = "paired/" if key == "all" else f"paired/{key}/"
+        prefix = PAIRED_PREFIX if key == "all" else f"{PAIRED_PREFIX}{key}/"
         values[prefix + "grad_cos"] = dot / max((fp_sq * mx_sq) ** 0.5, 1e-300)
         values[prefix + "grad_rel_err"] = diff_sq / max(fp_sq, 1e-300)
         values[prefix + "grad_zeta"] = dot / max(fp_sq, 1e-300) - 1.0
     return values
 
 
-class PairedTrainer(Trainer):
-    """A Trainer whose step also trains an FP32 twin and compares the two gradients."""
+class FP32Twin:
+    """The FP32 reference of a paired run: a copy of the initial (unquantized) network with
+    its own optimizer, stepped on the main run's batches and learning rates. It computes in
+    plain FP32 (no autocast, fp32 weights) whatever ``train`` says, in this process alone."""
 
-    twin: Replica
-
-    def _quantized(self, model: nn.Module) -> nn.Module:
-        # mx.apply shares the Parameter objects, so the twin must be copied before it.
-        # The twin is the FP32 reference: no autocast, fp32 weights, whatever train says.
-        self.twin = Replica(
-            copy.deepcopy(model), self.cfg, self.device, autocast="none", param_dtype="fp32"
+    def __init__(self, model: nn.Module, cfg: TrainConfig, device: torch.device) -> None:
+        # mx.apply shares the Parameter objects, so the copy must be taken before it.
+        self.replica = Replica(
+            copy.deepcopy(model), cfg, device, autocast="none", param_dtype="fp32"
         )
-        return super()._quantized(model)
+        self.model = self.replica.model
+        self.loss: torch.Tensor | None = None
 
-    def _before_update(self, batch: Batch, log: bool) -> dict[str, float]:
-        twin_loss = self.twin.forward_backward(batch)
-        values = gradient_bias(self.model, self.twin.model) if log else {}
-        if log:
-            values["paired/fp32_loss"] = twin_loss.item()
-        self.twin.update(lr_at(self.step, self.cfg))
-        return values
+    def forward_backward(self, batch: Batch) -> None:
+        """Fill the twin's gradients on the main run's batch (its loss is kept)."""
+        self.loss = self.replica.forward_backward(batch)
 
-    def _record_val(self) -> dict[str, float]:
-        values = super()._record_val()
-        values["paired/fp32_val_loss"] = self.twin.mean_loss(self.data.val_batches())
-        return values
+    def update(self, lr: float) -> None:
+        """Step the twin's optimizer with the main run's learning rate."""
+        self.replica.update(lr)
 
-    def state_dict(self, attempt_start: float) -> dict[str, Any]:
-        twin = self.twin.state()
-        return {
-            **super().state_dict(attempt_start),
-            "twin_model": twin["model"],
-            "twin_optimizer": twin["optimizer"],
-        }
+    def val_loss(self, batches: list[Any]) -> float:
+        """The twin's mean loss over the validation batches."""
+        return self.replica.mean_loss(batches)
+
+    def state(self) -> dict[str, Any]:
+        """The twin's part of the run's checkpoint."""
+        state = self.replica.state()
+        return {"twin_model": state["model"], "twin_optimizer": state["optimizer"]}
 
     def load_state(self, state: dict[str, Any]) -> None:
-        super().load_state(state)
-        self.twin.load_state({"model": state["twin_model"], "optimizer": state["twin_optimizer"]})
+        """Restore the twin from a checkpoint ``state`` wrote."""
+        self.replica.load_state(
+            {"model": state["twin_model"], "optimizer": state["twin_optimizer"]}
+        )

@@ -41,7 +41,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "nan_divergence_rule_removed",
-        "models/train.py",
+        "models/tracker.py",
         "if not math.isfinite(loss) or self.above_initial >= window:",
         "if self.above_initial >= window:",
         (f"{TRAIN}::test_nan_injected_at_a_known_step_ends_the_run_diverged_there",),
@@ -109,7 +109,7 @@ MUTANTS: tuple[Mutant, ...] = (
     # --- optimizer, schedule, clipping, metrics --------------------------------------
     Mutant(
         "adam_betas_swapped",
-        "models/train.py",
+        "models/replica.py",
         "betas=(cfg.beta1, cfg.beta2),",
         "betas=(cfg.beta2, cfg.beta1),",
         (ADAMW,),
@@ -117,7 +117,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "adam_eps_ignored",
-        "models/train.py",
+        "models/replica.py",
         "eps=cfg.eps,",
         "eps=1e-8,",
         (ADAMW,),
@@ -125,7 +125,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "weight_decay_ignored",
-        "models/train.py",
+        "models/replica.py",
         "weight_decay=cfg.weight_decay,",
         "weight_decay=0.0,",
         (ADAMW,),
@@ -133,7 +133,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "clipping_off",
-        "models/train.py",
+        "models/replica.py",
         "max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf",
         "max_norm = math.inf",
         (ADAMW,),
@@ -141,7 +141,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "schedule_linear_decay",
-        "models/train.py",
+        "models/schedule.py",
         "cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))",
         "cosine = 1 - min(1.0, progress)",
         (LR,),
@@ -149,7 +149,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "warmup_from_zero",
-        "models/train.py",
+        "models/schedule.py",
         "frac = cfg.warmup_init_frac + (1 - cfg.warmup_init_frac) * step / warmup",
         "frac = step / warmup",
         (LR,),
@@ -158,8 +158,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "logged_lr_off_by_one",
         "models/train.py",
-        'values.update({"train/loss": loss_value, "train/lr": lr_at(update - 1, cfg)})',
-        'values.update({"train/loss": loss_value, "train/lr": lr_at(update, cfg)})',
+        "values.update({TRAIN_LOSS: loss_value, TRAIN_LR: lr_at(update - 1, cfg)})",
+        "values.update({TRAIN_LOSS: loss_value, TRAIN_LR: lr_at(update, cfg)})",
         (LR,),
         "train/lr logs the next step's lr",
     ),
@@ -173,17 +173,17 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "metric_name_grad_norm",
-        "models/train.py",
-        'values.update({"optim/grad_norm": total_norm.item(), **self._stats(grad_norms)})',
-        'values.update({"optim/gradnorm": total_norm.item(), **self._stats(grad_norms)})',
+        "runfolder/metrics.py",
+        'GRAD_NORM = "optim/grad_norm"',
+        'GRAD_NORM = "optim/gradnorm"',
         (NAMES,),
         "a documented metric renamed",
     ),
     Mutant(
         "metric_name_clip",
-        "models/train.py",
-        'rates = {f"mx/clip/{k}": v for k, v in self.mx.clip_rates(self.model).items()}',
-        'rates = {f"mx/clip_{k}": v for k, v in self.mx.clip_rates(self.model).items()}',
+        "runfolder/metrics.py",
+        'MX_CLIP_PREFIX = "mx/clip/"',
+        'MX_CLIP_PREFIX = "mx/clip_"',
         (NAMES,),
         "the clip-rate metrics renamed",
     ),
