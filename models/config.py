@@ -21,7 +21,7 @@ from pydantic import (
 )
 
 from models.flops import lm_param_count, proxy_param_count
-from mx.spec import PrecisionSpec, check_format
+from mx.spec import SCALED_FORMATS, PrecisionSpec, check_format
 
 
 class _Frozen(BaseModel):
@@ -174,8 +174,17 @@ DataConfig = Annotated[SyntheticData | TokenFileData | TextFileData, Field(discr
 class LotionConfig(_Frozen):
     """LOTION's smoothing term ½·strength·Σ v̂_i σ_i² on the Linear weights (models.lotion)."""
 
-    fmt: Literal["int4", "int8_pc"]
+    fmt: str
     strength: float = Field(default=1.0, gt=0)
+
+    @field_validator("fmt")
+    @classmethod
+    def _scaled_format(cls, value: str) -> str:
+        if value not in SCALED_FORMATS:
+            raise ValueError(
+                f"unknown LOTION target {value!r}; allowed: {', '.join(SCALED_FORMATS)}"
+            )
+        return value
 
 
 class TrainConfig(_Frozen):

@@ -22,9 +22,10 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from mx.channel import QMAX, sr_variance
+from mx.spec import SCALED_FORMATS
+from mx.variance import sr_variance
 
-LOTION_FORMATS = tuple(QMAX)
+LOTION_FORMATS = SCALED_FORMATS
 
 
 def linear_weights(model: nn.Module) -> list[nn.Parameter]:
@@ -35,13 +36,15 @@ def linear_weights(model: nn.Module) -> list[nn.Parameter]:
 def lotion_penalty(
     model: nn.Module, optimizer: torch.optim.Optimizer, fmt: str, strength: float
 ) -> torch.Tensor:
-    """strength · ½ Σ v̂_i σ_i²(w_i) over the Linear weights (differentiable in w)."""
+    """strength · ½ Σ v̂_i σ_i²(w_i) over the Linear weights (differentiable in w); σ_i² is
+    the variance of ``mx.quantize(w, fmt, rounding="stochastic")`` (see mx.variance)."""
+    weights = {id(w) for w in linear_weights(model)}
     total = torch.zeros(())
     for group in optimizer.param_groups:
         beta2 = group["betas"][1]
         for param in group["params"]:
             state = optimizer.state.get(param, {})
-            if "exp_avg_sq" not in state or not any(param is w for w in linear_weights(model)):
+            if "exp_avg_sq" not in state or id(param) not in weights:
                 continue
             step = float(state["step"])
             v_hat = state["exp_avg_sq"] / (1 - beta2**step)
@@ -50,19 +53,43 @@ def lotion_penalty(
     return 0.5 * strength * total
 
 
-@contextlib.contextmanager
-def quantized_weights(model: nn.Module, fmt: str) -> Iterator[None]:
-    """Within the block every Linear weight holds its round-to-nearest ``fmt`` value."""
+def _local(weight: torch.Tensor) -> torch.Tensor:
+    """The tensor that holds this rank's values (an FSDP shard's local part, else itself)."""
+    from torch.distributed.tensor import DTensor
+
+    return weight.to_local() if isinstance(weight, DTensor) else weight
+
+
+def _cast(weight: torch.Tensor, fmt: str) -> torch.Tensor:
+    """This rank's part of the round-to-nearest ``fmt`` value of the whole ``weight``.
+
+    An FSDP shard is gathered first (block and tensor scales span shards) and the result
+    sharded the same way, so every rank holds its part of the single-process cast.
+    """
+    from torch.distributed.tensor import DTensor, Replicate
+
     import mx
 
+    if not isinstance(weight, DTensor):
+        return mx.quantize(weight, fmt, rounding="even")
+    mesh = weight.device_mesh
+    cast = mx.quantize(weight.full_tensor(), fmt, rounding="even")
+    replicated = DTensor.from_local(cast, mesh, [Replicate()] * mesh.ndim, run_check=False)
+    return replicated.redistribute(mesh, weight.placements).to_local()
+
+
+@contextlib.contextmanager
+def quantized_weights(model: nn.Module, fmt: str) -> Iterator[None]:
+    """Within the block every Linear weight holds its round-to-nearest ``fmt`` value
+    (sharded weights included: collective, every rank must enter)."""
     weights = linear_weights(model)
-    saved = [w.detach().clone() for w in weights]
+    saved = [_local(w).detach().clone() for w in weights]
     try:
         with torch.no_grad():
             for w in weights:
-                w.copy_(mx.quantize(w, fmt, rounding="even"))
+                _local(w).copy_(_cast(w, fmt))
         yield
     finally:
         with torch.no_grad():
             for w, original in zip(weights, saved, strict=True):
-                w.copy_(original)
+                _local(w).copy_(original)
