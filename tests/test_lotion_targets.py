@@ -130,3 +130,30 @@ def test_lotion_run_on_a_block_format(tmp_path, fmt):
     assert spec.train.quantized_eval == fmt
     quantized, plain = summary["final_val_loss_quantized"], summary["final_val_loss"]
     assert quantized is not None and quantized != plain
+
+
+def test_quantized_envelope_names_the_method_per_target_format():
+    import pandas as pd
+
+    from analysis.quantized import quantized_envelope
+
+    runs = pd.DataFrame(
+        {
+            "config": ["p", "q", "l", "p4", "l4"],
+            "w_fmt": ["fp32", "fp4_e2m1", "fp32", "fp32", "fp32"],
+            "quantized_eval": ["fp4_e2m1"] * 3 + ["int4"] * 2,
+            "lotion": [None, None, "fp4_e2m1", None, "int4"],
+            "flops": [1e9] * 5,
+            "final_val_loss": [3.0, 3.1, 3.05, 3.0, 3.02],
+            "final_val_loss_quantized": [3.4, 3.1, 3.2, 3.3, 3.1],
+        }
+    )
+    table = quantized_envelope(runs)
+    got = {(r.quantized_eval, r.config): r.method for r in table.itertuples()}
+    assert got == {
+        ("fp4_e2m1", "l"): "LOTION",
+        ("fp4_e2m1", "p"): "plain",
+        ("fp4_e2m1", "q"): "QAT",
+        ("int4", "l4"): "LOTION",
+        ("int4", "p4"): "plain",
+    }
