@@ -50,6 +50,7 @@ from models.dtypes import (
     torch_dtype,
 )
 from models.flops import lm_attention_flops_per_token, training_flops
+from models.lotion import make_lotion
 from models.metrics import MetricsWriter, drop_parts_from
 from models.transformer import TransformerLM, count_params
 from mx.spec import MX_FORMATS
@@ -303,6 +304,7 @@ class Trainer:
             param_dtype=self.param_dtype,
         )
         self.model = self.main.model
+        self.lotion = make_lotion(self.cfg.lotion, spec.seed)
         self.n_params = count_params(self.model)
         self.eval_every = self.cfg.eval_every or max(1, self.cfg.steps // 10)
         self.ckpt_every = self.cfg.checkpoint_every or self.eval_every
@@ -344,6 +346,8 @@ class Trainer:
         # A branch whose arm drops stochastic rounding has no stream to continue.
         if "mx_rounding" in state and self.mx is not None and self.spec.precision.stochastic:
             self.mx.load_rounding_state(self.model, state["mx_rounding"])
+        if self.lotion is not None:
+            self.lotion.load_state_dict(state.get("lotion_rounding"))
 
     def state_dict(self, attempt_start: float) -> dict[str, Any]:
         """The whole training position: weights, optimizer, RNG, step, tracker, parts."""
@@ -359,6 +363,8 @@ class Trainer:
         rounding = None if self.mx is None else self.mx.rounding_state(self.model)
         if rounding is not None:
             state["mx_rounding"] = rounding  # the stochastic-rounding stream position
+        if self.lotion is not None and self.lotion.state_dict() is not None:
+            state["lotion_rounding"] = self.lotion.state_dict()  # Monte-Carlo LOTION's
         return state
 
     def _checkpoint(self, attempt_start: float) -> None:
@@ -417,7 +423,8 @@ class Trainer:
         batch = _to_device(self.world.shard(self.data.train_batch(self.step)), self.device)
         if stats and self.mx is not None:
             self.mx.set_clip_tracking(self.model, True)
-        loss = self.main.forward_backward(batch)
+        with self.lotion.sampled_weights(self.model) if self.lotion else contextlib.nullcontext():
+            loss = self.main.forward_backward(batch)
         values: dict[str, float] = {}
         if stats:
             if self.mx is not None:
@@ -427,23 +434,13 @@ class Trainer:
                 self.mx.set_clip_tracking(self.model, False)
             grads = [p.grad for p in self.model.parameters()]
             grad_norms = torch.stack([full(g.norm()) for g in grads]).tolist()
-        if self.cfg.lotion is not None:
-            values.update(self._lotion(log))
+        if self.lotion is not None:
+            values.update(self.lotion.after_backward(self.model, self.main.optimizer, log))
         values.update(self._before_update(batch, log))
         total_norm = self.main.update(lr_at(self.step, self.cfg))
         if stats:
             values.update({"optim/grad_norm": total_norm.item(), **self._stats(grad_norms)})
         return loss, values
-
-    def _lotion(self, log: bool) -> dict[str, float]:
-        """Add the gradient of LOTION's smoothing term (see models.lotion)."""
-        from models.lotion import lotion_penalty
-
-        cfg = self.cfg.lotion
-        penalty = lotion_penalty(self.model, self.main.optimizer, cfg.fmt, cfg.strength)
-        if penalty.requires_grad:
-            penalty.backward()
-        return {"lotion/penalty": penalty.item()} if log else {}
 
     def _before_update(self, batch: Batch, log: bool) -> dict[str, float]:
         """Hook between the backward pass and the update (paired training uses it)."""

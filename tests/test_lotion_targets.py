@@ -157,3 +157,86 @@ def test_quantized_envelope_names_the_method_per_target_format():
         ("int4", "l4"): "LOTION",
         ("int4", "p4"): "plain",
     }
+
+
+def _lm_spec(**lotion: object) -> RunSpec:
+    return RunSpec(
+        model=LMConfig(d_model=32, head_dim=16, vocab_size=64, seq_len=16),
+        data=SyntheticData(order=1, branching=4),
+        train=TrainConfig(
+            steps=20,
+            batch_size=8,
+            lr=3e-3,
+            log_every=1,
+            eval_every=10,
+            checkpoint_every=5,
+            lotion=lotion or None,
+        ),
+    )
+
+
+def test_lotion_form_keeps_run_ids_at_its_default():
+    # The id of this spec before `form` existed (pinned): the default stays out of the hash.
+    spec = RunSpec(
+        model=LMConfig(d_model=32, head_dim=16, vocab_size=64, seq_len=16),
+        data=SyntheticData(order=1, branching=4),
+        train=TrainConfig(
+            steps=30,
+            batch_size=8,
+            lr=3e-3,
+            log_every=5,
+            eval_every=10,
+            lotion={"fmt": "int4", "strength": 10.0},
+        ),
+    )
+    assert spec.run_id == "439094738d14"
+    monte_carlo = spec.train.lotion.model_copy(update={"form": "monte_carlo"})
+    other = spec.model_copy(update={"train": spec.train.model_copy(update={"lotion": monte_carlo})})
+    assert other.run_id != spec.run_id
+
+
+def test_monte_carlo_form_samples_stochastically_rounded_weights():
+    from models.lotion import make_lotion
+    from mx.stochastic import NoiseSource
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 16), nn.Linear(16, 8))
+    original = [m.weight.detach().clone() for m in model]
+    lotion = make_lotion(_lm_spec(fmt="fp4_e2m1", form="monte_carlo").train.lotion, seed=3)
+    reference = NoiseSource(3 + 0x107).generator(torch.device("cpu"))
+    with lotion.sampled_weights(model):
+        for m, w in zip(model, original, strict=True):
+            expected = mx.quantize(w, "fp4_e2m1", rounding="stochastic", generator=reference)
+            assert torch.equal(m.weight, expected)
+            assert not torch.equal(expected, mx.quantize(w, "fp4_e2m1"))  # not RNE
+    assert all(torch.equal(m.weight, w) for m, w in zip(model, original, strict=True))
+    # The next step draws new noise; the stream resumes from its saved state.
+    state = lotion.state_dict()
+    with lotion.sampled_weights(model):
+        second = model[0].weight.detach().clone()
+    lotion.load_state_dict(state)
+    with lotion.sampled_weights(model):
+        assert torch.equal(model[0].weight, second)
+
+
+def _rows(run_dir):
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(run_dir / "metrics").to_pandas()
+    table = table[~table["name"].astype(str).str.startswith("perf/")]
+    return sorted(zip(table["name"].astype(str), table["step"], table["value"], strict=True))
+
+
+def test_monte_carlo_run_resumes_on_the_same_random_stream(tmp_path):
+    from models.runner import make_trainer
+
+    spec = _lm_spec(fmt="int4", form="monte_carlo")
+    whole = train_run(spec, tmp_path / "whole")
+    make_trainer(spec, tmp_path / "split").run(until=10)
+    resumed = train_run(spec, tmp_path / "split")  # a fresh process would do the same
+    assert _rows(tmp_path / "split") == _rows(tmp_path / "whole")
+    assert resumed["final_val_loss_quantized"] == whole["final_val_loss_quantized"]
+    names = {name for name, _, _ in _rows(tmp_path / "whole")}
+    assert "val/loss_quantized" in names and "lotion/penalty" not in names
+    plain = train_run(_lm_spec(), tmp_path / "plain")
+    assert plain["final_val_loss"] != whole["final_val_loss"]  # the noise changes training
