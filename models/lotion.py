@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from models.config import LotionConfig
+from models.distributed import full
 from mx.stochastic import Generator, NoiseSource
 from mx.variance import sr_variance
 
@@ -55,8 +56,10 @@ def lotion_penalty(
             if "exp_avg_sq" not in state or id(param) not in weights:
                 continue
             step = float(state["step"])
-            v_hat = state["exp_avg_sq"] / (1 - beta2**step)
-            term = (v_hat * sr_variance(param, fmt)).sum()
+            v_hat = full(state["exp_avg_sq"]) / (1 - beta2**step)
+            # An FSDP shard is gathered (differentiably: each rank's gradient is its own
+            # part), as block and tensor scales span shards; every rank computes the same sum.
+            term = (v_hat * sr_variance(full(param), fmt)).sum()
             total = total.to(term.device) + term
     return 0.5 * strength * total
 
