@@ -20,6 +20,9 @@ from mx.formats import elem_format
 from mx.quantizer import _check_layout, _pow2, _scaled, _to_blocks, grid_spacing
 from mx.spec import CHANNEL_FORMATS, NV_FORMATS, SCALED_FORMATS
 
+# The E8M0 rules of mx.quantizer (the paper's E4M3 bump has its own kernel, not covered).
+_SCALE_RULES = ("floor", "rceil", "ceil", "even")
+
 
 def sr_variance(
     x: torch.Tensor,
@@ -35,6 +38,8 @@ def sr_variance(
         raise ValueError(
             f"format {fmt!r} has no scaled grid to round on; allowed: {', '.join(SCALED_FORMATS)}"
         )
+    if scale_rule not in _SCALE_RULES:
+        raise ValueError(f"unknown scale_rule {scale_rule!r}; allowed: {', '.join(_SCALE_RULES)}")
     _check_layout(x, block_size, axis)
     if fmt in CHANNEL_FORMATS:
         return channel.sr_variance(x, fmt, axis)

@@ -240,3 +240,19 @@ def test_monte_carlo_run_resumes_on_the_same_random_stream(tmp_path):
     assert "val/loss_quantized" in names and "lotion/penalty" not in names
     plain = train_run(_lm_spec(), tmp_path / "plain")
     assert plain["final_val_loss"] != whole["final_val_loss"]  # the noise changes training
+
+
+@pytest.mark.parametrize("rule", ["rceil", "ceil", "even"])
+def test_variance_follows_the_scale_rule(rule):
+    torch.manual_seed(1)
+    w = torch.randn(2, 64)
+    draws = torch.stack(
+        [
+            mx.quantize(w, "fp4_e2m1", scale_rule=rule, rounding="stochastic", generator=s)
+            for s in range(1000)
+        ]
+    )
+    expected = sr_variance(w, "fp4_e2m1", scale_rule=rule)
+    assert torch.allclose(draws.var(0, unbiased=False).sum(), expected.sum(), rtol=0.03)
+    with pytest.raises(ValueError, match="scale_rule 'paper_bump'"):
+        sr_variance(w, "fp8_e4m3", scale_rule="paper_bump")
