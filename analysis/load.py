@@ -147,6 +147,9 @@ def _sweep_run_row(run_dir: Path) -> dict:
         "final_val_loss": _float(summary.get("final_val_loss")),
         "min_val_loss": _float(summary.get("min_val_loss")),
         "final_val_loss_quantized": _float(summary.get("final_val_loss_quantized")),
+        # The format of that loss and the LOTION target (None when off): analysis.quantized.
+        "quantized_eval": spec.get("train", {}).get("quantized_eval"),
+        "lotion": (spec.get("train", {}).get("lotion") or {}).get("fmt"),
         "state": summary.get("state") or state.get("state", "pending"),
         "d_model": summary.get("d_model", model.get("d_model")),
         "n_layers": summary.get("n_layers", model.get("n_layers")),

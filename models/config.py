@@ -21,7 +21,7 @@ from pydantic import (
 )
 
 from models.flops import lm_param_count, proxy_param_count, training_flops
-from mx.spec import PrecisionSpec, check_format
+from mx.spec import SCALED_FORMATS, PrecisionSpec, check_format
 from runfolder.label import config_label
 
 
@@ -173,10 +173,22 @@ DataConfig = Annotated[SyntheticData | TokenFileData | TextFileData, Field(discr
 
 
 class LotionConfig(_Frozen):
-    """LOTION's smoothing term ½·strength·Σ v̂_i σ_i² on the Linear weights (models.lotion)."""
+    """LOTION on the Linear weights (models.lotion): the smoothing term ½·strength·Σ v̂_i σ_i²
+    (``second_order``) or forward/backward on stochastically rounded weights (``monte_carlo``,
+    ``strength`` unused)."""
 
-    fmt: Literal["int4", "int8_pc"]
+    fmt: str
     strength: float = Field(default=1.0, gt=0)
+    form: Literal["second_order", "monte_carlo"] = "second_order"
+
+    @field_validator("fmt")
+    @classmethod
+    def _scaled_format(cls, value: str) -> str:
+        if value not in SCALED_FORMATS:
+            raise ValueError(
+                f"unknown LOTION target {value!r}; allowed: {', '.join(SCALED_FORMATS)}"
+            )
+        return value
 
 
 class TrainConfig(_Frozen):
@@ -299,6 +311,7 @@ _HASH_OMIT_IF_DEFAULT = {
     ("precision", "nvfp4_weight_block"): "16x16",
     ("train", "lotion"): None,
     ("train", "quantized_eval"): None,
+    ("train", "lotion", "form"): "second_order",
 }
 # Fields that cannot change a run's result.
 _HASH_NEVER = (("train", "keep_checkpoints_every"),)
@@ -307,7 +320,7 @@ _HASH_NEVER = (("train", "keep_checkpoints_every"),)
 def _pop_path(payload: dict, path: tuple[str, ...], only_if: Any = ...) -> None:
     *parents, last = path
     for key in parents:
-        payload = payload.get(key, {})
+        payload = payload.get(key) or {}  # an absent or null parent holds nothing
     if last in payload and (only_if is ... or payload[last] == only_if):
         del payload[last]
 

@@ -28,6 +28,7 @@ from mx.spec import MX_FORMATS
 from runfolder.metrics import (
     GRAD_NORM,
     GRAD_NORM_PREFIX,
+    LOTION_PENALTY,
     MX_CLIP_PREFIX,
     PAIRED_FP32_LOSS,
     PAIRED_FP32_VAL_LOSS,
@@ -215,13 +216,14 @@ class LayerNormStats(Probe):
 
 
 class LotionPenalty(Probe):
-    """The value of LOTION's smoothing term at the log step (models.penalty)."""
+    """The value of LOTION's smoothing term at the log step (second-order form,
+    models.lotion)."""
 
-    names = ("lotion/penalty",)
+    names = (LOTION_PENALTY,)
     every = "log"
 
     def before_update(self, trainer: Trainer, step: Step) -> Values:
-        return {"lotion/penalty": trainer.lotion.penalty.item()}
+        return {LOTION_PENALTY: trainer.lotion.penalty.item()}
 
 
 class PairedGradients(Probe):
@@ -288,7 +290,7 @@ def probes_for(trainer: Trainer, layer_norms: list[str]) -> Probes:
     if trainer.mx is not None:
         probes.append(ClipRates())
     probes.append(GradNorms())
-    if trainer.lotion is not None:
+    if trainer.lotion is not None and trainer.lotion.form == "second_order":
         probes.append(LotionPenalty())
     if trainer.twin is not None:
         probes.append(PairedGradients())

@@ -20,6 +20,7 @@ given by models.runner.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -34,9 +35,9 @@ from models.config import RunSpec, TrainConfig
 from models.distributed import current_world, resolve_strategy
 from models.dtypes import resolve_autocast, resolve_param_dtype
 from models.flops import training_flops
+from models.lotion import make_lotion
 from models.metrics import MetricsWriter, drop_parts_from
 from models.paired import FP32Twin
-from models.penalty import LotionTerm
 from models.probes import Step, layer_norm_names, probes_for
 from models.replica import Replica, apply_precision, device_for, to_device
 from models.schedule import lr_at
@@ -105,7 +106,7 @@ class Trainer:
         )
         self.model = self.main.model
         self.n_params = count_params(self.model)
-        self.lotion = None if self.cfg.lotion is None else LotionTerm(self.cfg.lotion)
+        self.lotion = make_lotion(self.cfg.lotion, spec.seed)
         self.probes = probes_for(self, layer_norms)
         self.eval_every = self.cfg.eval_every or max(1, self.cfg.steps // 10)
         self.ckpt_every = self.cfg.checkpoint_every or self.eval_every
@@ -136,6 +137,8 @@ class Trainer:
             self.mx.load_rounding_state(self.model, state["mx_rounding"])
         if self.twin is not None:
             self.twin.load_state(state)
+        if self.lotion is not None:
+            self.lotion.load_state_dict(state.get("lotion_rounding"))
 
     def state_dict(self, attempt_start: float) -> dict[str, Any]:
         """The whole training position: weights, optimizer, RNG, step, tracker, parts."""
@@ -153,6 +156,8 @@ class Trainer:
             state["mx_rounding"] = rounding  # the stochastic-rounding stream position
         if self.twin is not None:
             state.update(self.twin.state())
+        if self.lotion is not None and self.lotion.state_dict() is not None:
+            state["lotion_rounding"] = self.lotion.state_dict()  # Monte-Carlo LOTION's
         return state
 
     def _checkpoint(self, attempt_start: float) -> None:
@@ -182,7 +187,8 @@ class Trainer:
         batch = to_device(self.world.shard(self.data.train_batch(step.index)), self.device)
         lr = lr_at(step.index, self.cfg)
         self.probes.run("before_forward", self, step)
-        loss = self.main.forward_backward(batch)
+        with self.lotion.sampled_weights(self.model) if self.lotion else contextlib.nullcontext():
+            loss = self.main.forward_backward(batch)
         values = self.probes.run("after_backward", self, step)
         if self.lotion is not None:
             self.lotion.add_gradient(self.main)

@@ -106,6 +106,13 @@ def _tiles(x: torch.Tensor, data: torch.Tensor):
 
 def _scaled(blocks: torch.Tensor):
     """Per-block NaN flag, the dequantization scale s_t·s_b and the scaled elements."""
+    bad, inverse, scale = block_scales(blocks)
+    return bad, scale, blocks * inverse
+
+
+def block_scales(blocks: torch.Tensor):
+    """Per-block NaN flag, the multiplier (1/s_t)/s_b that scales the elements (torchao's
+    operation order) and the dequantization scale s_t·s_b."""
     mag = blocks.abs()
     bad = ~torch.isfinite(mag).all(dim=-1, keepdim=True)
     finite = torch.where(torch.isfinite(mag), mag, 0.0)
@@ -115,8 +122,7 @@ def _scaled(blocks: torch.Tensor):
     block_amax = finite.amax(dim=-1, keepdim=True)
     s_b = (block_amax / E2M1_MAX / s_t).clamp(E4M3_TINY, E4M3_MAX)
     s_b = s_b.to(torch.float8_e4m3fn).float()
-    scaled = blocks * ((1.0 / s_t) / s_b)
-    return bad, s_t * s_b, scaled
+    return bad, (1.0 / s_t) / s_b, s_t * s_b
 
 
 def _quantize(blocks: torch.Tensor, rounding: str, generator: stochastic.Generator):

@@ -204,21 +204,24 @@ def _scaled(blocks: torch.Tensor, fmt: ElemFormat, scale_rule: str):
     return bad_block, scale_exp, blocks * _pow2(-scale_exp)
 
 
+def grid_spacing(mag: torch.Tensor, fmt: ElemFormat) -> torch.Tensor:
+    """Spacing of the element grid around non-negative ``mag`` (unsaturated): uniform for
+    INT8, else 2^(max(e, emin) - mbits) for exponent e (the subnormal spacing below emin)."""
+    if fmt.is_int:
+        return torch.full_like(mag, 2.0**fmt.quantum_floor)
+    exp = ((mag.view(torch.int32) >> 23) & _EXP_MASK) - E8M0_BIAS
+    # step exponent >= emin - mbits >= -16: a normal float32 power of two
+    return _pow2_normal(exp.clamp_min(fmt.emin) - fmt.mbits)
+
+
 def _round_magnitude(
     mag: torch.Tensor, fmt: ElemFormat, rounding: str, noise: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Round non-negative ``mag`` to the element grid (no saturation); ``noise`` holds the
     uniform draws of stochastic rounding."""
-    if fmt.is_int:
-        quantum = torch.full_like(mag, 2.0**fmt.quantum_floor)
-        inv_quantum = 2.0**-fmt.quantum_floor
-        steps = mag * inv_quantum
-    else:
-        exp = ((mag.view(torch.int32) >> 23) & _EXP_MASK) - E8M0_BIAS
-        step_exp = exp.clamp_min(fmt.emin) - fmt.mbits
-        quantum = _pow2_normal(step_exp)  # step_exp >= emin - mbits >= -16
-        # exact (power of two); one bit-cast fewer than multiplying by 2^-step
-        steps = mag / quantum
+    quantum = grid_spacing(mag, fmt)
+    # exact (a power of two); one bit-cast fewer than multiplying by 2^-step
+    steps = mag / quantum
     # steps < 2^(mbits+1) here, so +0.5 is exact and floor() gives round-half-away.
     if rounding == "stochastic":
         rounded = stochastic.round_steps(steps, noise)

@@ -74,8 +74,21 @@ def _aliases(model: nn.Module) -> dict[str, set[str]]:
     return aliases
 
 
+class UnmatchedGlobs(ValueError):
+    """``keep_bf16`` globs that match no module; ``names`` are the model's module names."""
+
+    def __init__(self, globs: list[str], names: list[str]) -> None:
+        self.globs, self.names = globs, names
+        more = " ..." if len(names) > 12 else ""
+        super().__init__(
+            f"precision.keep_bf16: {globs} match no module; module names look "
+            f"like: {', '.join(names[:12])}{more}"
+        )
+
+
 def kept_modules(model: nn.Module, globs: tuple[str, ...]) -> set[int]:
-    """ids of the modules whose name, or an ancestor's, matches one of ``globs``."""
+    """ids of the modules whose name, or an ancestor's, matches one of ``globs``
+    (UnmatchedGlobs when a glob matches none)."""
     kept: set[int] = set()
     unmatched = set(globs)
     aliases = _aliases(model)
@@ -88,11 +101,7 @@ def kept_modules(model: nn.Module, globs: tuple[str, ...]) -> set[int]:
         if hits or parent_kept:
             kept.add(id(module))
     if unmatched:
-        names = [n for n, _ in model.named_modules() if n]
-        raise ValueError(
-            f"precision.keep_bf16: {sorted(unmatched)} match no module; module names look "
-            f"like: {', '.join(names[:12])}{' ...' if len(names) > 12 else ''}"
-        )
+        raise UnmatchedGlobs(sorted(unmatched), [n for n, _ in model.named_modules() if n])
     return kept
 
 

@@ -14,6 +14,8 @@ NV_FORMATS = ("nvfp4",)
 # Per-channel symmetric integers (absmax scale per slice along the axis), for weights.
 CHANNEL_FORMATS = ("int4", "int8_pc")
 ELEMENTWISE_FORMATS = ("bf16", "fp16", "fp32")
+# Formats with a scaled grid (stochastic-rounding variance, LOTION targets; mx.variance).
+SCALED_FORMATS = MX_FORMATS + NV_FORMATS + CHANNEL_FORMATS
 FORMATS = MX_FORMATS + NV_FORMATS + CHANNEL_FORMATS + ELEMENTWISE_FORMATS
 SCALE_RULES = ("floor", "rceil", "ceil", "even", "paper_bump")
 ROUNDINGS = ("even", "half_away", "stochastic")

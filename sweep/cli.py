@@ -173,9 +173,11 @@ def plan(
     """Show the runs GRID expands to (N, D, C, steps) and the totals, running nothing."""
     from sweep.grid import expand_grid, load_grid, total_flops
     from sweep.plan import plan_rows, render_plan
+    from sweep.preflight import check_modules
 
     try:
         expansion = expand_grid(load_grid(grid), grid, yes=yes)
+        check_modules(str(grid), expansion.runs)
     except GridError as err:
         _fail(str(err))
     calibration = None

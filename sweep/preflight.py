@@ -6,6 +6,8 @@ id is below the model's vocab_size. The id check samples evenly spaced chunks of
 (first and last included) and is cached per file by size and mtime, so a relaunch of a
 10,000-run sweep over the same corpus does not read it again.
 
+Modules: every ``precision.keep_bf16`` glob matches a module of the run's network.
+
 Cluster (SLURM): the partition exists (one ``sinfo`` call) and the account and QOS are
 ones the user is associated with (one ``sacctmgr`` call); each run's resources fit one
 node of the partition and its time limit fits the partition's.
@@ -116,6 +118,29 @@ def _write_cache(cache: dict) -> None:
     # A read-only home only costs the next launch a re-check.
     with contextlib.suppress(OSError):
         atomic_write_json(cache_path(), cache)
+
+
+def check_modules(source: str, specs: list[RunSpec]) -> None:
+    """Refuse ``precision.keep_bf16`` globs that match no module of the run's network (built
+    on the meta device once per model shape and glob list)."""
+    seen: set[tuple[str, tuple[str, ...]]] = set()
+    for spec in specs:
+        key = (spec.model.model_dump_json(), spec.precision.keep_bf16)
+        if not spec.precision.keep_bf16 or key in seen:
+            continue
+        seen.add(key)
+        from models.precheck import unmatched_keep_bf16
+
+        globs, names = unmatched_keep_bf16(spec)
+        if globs:
+            # Shallow names first: the top-level modules (embed, head) tell the most.
+            shallow = sorted(names, key=lambda name: name.count("."))
+            shown = ", ".join(shallow[:10]) + (" ..." if len(names) > 10 else "")
+            raise GridError(
+                f"{source}: precision.keep_bf16: glob {globs[0]!r} matches no module of run "
+                f"{spec.run_id} ({spec.precision.label}); module names look like: {shown} "
+                "(a negative index counts from the end: blocks.-1)"
+            )
 
 
 # -- cluster ---------------------------------------------------------------------------------
@@ -283,5 +308,6 @@ def preflight(
 ) -> None:
     """Every check that applies to this launch; raises GridError (exit 2) on the first."""
     check_data(source, specs)
+    check_modules(source, specs)
     if executor == "slurm":
         check_cluster(source, specs, partition, account, qos)

@@ -6,6 +6,8 @@ import torch
 from torch import nn
 
 import mx
+from analysis.load import load_sweep_runs
+from analysis.quantized import quantized_envelope
 from models.config import LMConfig, RunSpec, SyntheticData, TrainConfig
 from models.lotion import lotion_penalty, quantized_weights
 from models.runner import train_run
@@ -90,6 +92,9 @@ def test_lotion_run_records_the_quantized_loss(tmp_path):
     assert _spec().run_id != _spec(quantized_eval="int4").run_id
 
 
+FORMATS = ("fp4_e2m1", "int4", "int8_pc")
+
+
 @pytest.mark.slow
 def test_micro_grid_plain_qat_lotion_through_sweep(tmp_path, repo_root):
     import json
@@ -108,11 +113,17 @@ def test_micro_grid_plain_qat_lotion_through_sweep(tmp_path, repo_root):
             json.loads((d / "summary.json").read_text()) for d in (sweep_dir / "runs").iterdir()
         )
     }
-    assert len(summaries) == 6 and all(s["state"] == "done" for s in summaries.values())
+    assert len(summaries) == 9 and all(s["state"] == "done" for s in summaries.values())
     assert all(s["final_val_loss_quantized"] is not None for s in summaries.values())
-    # QAT trains on the int4 weights it is evaluated with: both losses are the same model's.
-    qat = summaries["int4_fp32_qat"]
-    assert qat["final_val_loss_quantized"] == pytest.approx(qat["final_val_loss"], abs=1e-6)
+    # QAT trains on the weights it is evaluated with: both losses are the same model's.
+    for qat in ("int4_fp32_qat", "fp4_e2m1_fp32_qat"):
+        got = summaries[qat]
+        assert got["final_val_loss_quantized"] == pytest.approx(got["final_val_loss"], abs=1e-6)
+    plain = summaries["fp32_fp32_plain_fp4_e2m1"]
+    assert plain["final_val_loss_quantized"] > plain["final_val_loss"]  # FP4 costs the plain model
+    envelope = quantized_envelope(load_sweep_runs(sweep_dir))
+    methods = envelope.groupby("quantized_eval")["method"].apply(lambda m: sorted(set(m)))
+    assert methods.to_dict() == {f: ["LOTION", "QAT", "plain"] for f in FORMATS}
     out = tmp_path / "figs"
     analyzed = sweep(
         "analyze", str(sweep_dir), "--plot", "quantized", "--out", str(out), cwd=repo_root
