@@ -4,11 +4,16 @@ one line per configuration: plain training, QAT and LOTION side by side (torch-f
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from analysis.configs import config_color, config_order
 from analysis.figures import _log_axes, plt, save
+from analysis.registry import plot
+
+if TYPE_CHECKING:
+    from analysis.report import Source
 
 LOSS = "final_val_loss_quantized"
 
@@ -40,3 +45,8 @@ def plot_quantized(runs: pd.DataFrame, out_dir: Path) -> list[Path]:
     ax.legend(loc="upper right", fontsize=8)
     ax.grid(alpha=0.3, which="both")
     return save(fig, out_dir, "quantized")
+
+
+@plot("quantized", "quantized-weight vs unquantized validation loss over compute (QAT, LOTION)")
+def _plot(src: Source, out_dir: Path) -> list[Path]:
+    return plot_quantized(src.runs, out_dir)
