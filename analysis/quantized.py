@@ -47,6 +47,9 @@ def plot_quantized(runs: pd.DataFrame, out_dir: Path) -> list[Path]:
     return save(fig, out_dir, "quantized")
 
 
-@plot("quantized", "quantized-weight vs unquantized validation loss over compute (QAT, LOTION)")
+@plot(
+    "quantized",
+    "quantized-weight vs unquantized val loss over compute (runs with train.quantized_eval)",
+)
 def _plot(src: Source, out_dir: Path) -> list[Path]:
     return plot_quantized(src.runs, out_dir)

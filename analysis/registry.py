@@ -32,6 +32,12 @@ MODULES = (
     "analysis.transfer_plot",
     "analysis.transfer",
 )
+# The report's pages of their own an item can be shown on (title by page); default: overview.
+PAGES = {
+    "instability": "Instability",
+    "interventions": "Interventions",
+    "paired": "Paired FP32/MX runs",
+}
 # The metric columns a curve needs; flops and wall_time are left unread.
 CURVE_COLUMNS = ("run_id", "step", "tokens", "name", "value")
 
@@ -87,6 +93,8 @@ def register(
     """Decorator: register ``make(source, out_dir) -> paths`` as plot/table ``name``."""
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}; allowed: {', '.join(KINDS)}")
+    if page is not None and page not in PAGES:
+        raise ValueError(f"unknown report page {page!r}; allowed: {', '.join(PAGES)}")
 
     def add(make: Callable[[Source, Path], list[Path]]) -> Callable[[Source, Path], list[Path]]:
         known = _ITEMS[kind].get(name)
@@ -138,4 +146,4 @@ def option_help(kind: str) -> str:
 
 def catalogue(kind: str) -> list[str]:
     """One line per item: name, description and what it needs."""
-    return [f"{i.name}: {i.description} [needs {i.needs.describe()}]" for i in items(kind)]
+    return [f"{i.name}: {i.description} (needs {i.needs.describe()})" for i in items(kind)]

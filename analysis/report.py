@@ -130,6 +130,45 @@ def make(item: Item, src: Source, out_dir: Path) -> list[Path]:
     return item.make(src, out_dir)
 
 
+@dataclass
+class Analysis:
+    """What :func:`analyze_items` wrote: each item with its files, the skipped ones (with
+    why) and the index.md."""
+
+    made: list[tuple[Item, list[Path]]]
+    skipped: list[tuple[Item, str]]
+    index: Path
+
+    @property
+    def paths(self) -> list[Path]:
+        return [p for _, paths in self.made for p in paths] + [self.index]
+
+
+def analyze_items(
+    src: Source, plots: Sequence[str], tables: Sequence[str], out_dir: Path
+) -> Analysis:
+    """Write the requested registered plots/tables of a loaded source and the index.md.
+
+    Asked for by name, an item the source cannot make raises its ValueError; via "all" it is
+    skipped with the reason."""
+    jobs = [(i, "all" in plots) for i in registry.select("plot", plots)]
+    jobs += [(i, "all" in tables) for i in registry.select("table", tables)]
+    out_dir = Path(out_dir)
+    made: list[tuple[Item, list[Path]]] = []
+    skipped: list[tuple[Item, str]] = []
+    for item, from_all in jobs:
+        try:
+            made.append((item, make(item, src, out_dir)))
+        except ValueError as err:
+            if not from_all:
+                raise
+            skipped.append((item, str(err)))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [p for _, written in made for p in written]
+    reasons = [f"{item.name}: {why}" for item, why in skipped]
+    return Analysis(made, skipped, write_index(out_dir, paths, f"Analysis of {src.label}", reasons))
+
+
 def analyze(
     sweep_dir: Path | None,
     *,
@@ -144,27 +183,15 @@ def analyze(
 ) -> list[Path]:
     """Write the requested figures (PNG and PDF) and tables (Markdown and CSV) into out_dir
     and an index.md linking them; return the paths written. "all" in plots/tables expands to
-    every item. ``base`` and ``cutoff`` configure the transfer table/plot (the held-out
-    evaluation; cutoff None: the lower median budget). ``source``: an already loaded
-    :func:`load_source` to reuse. Raise ValueError with a clear message for an unknown
-    plot/table name, a folder with no runs, or a plot that needs data the source lacks (e.g.
-    curves for a sweep without metrics)."""
-    jobs = [(i, "all" in plots) for i in registry.select("plot", plots)]
-    jobs += [(i, "all" in tables) for i in registry.select("table", tables)]
+    every registered item (analysis.registry). ``base`` and ``cutoff`` configure the transfer
+    table/plot (the held-out evaluation; cutoff None: the lower median budget). ``source``:
+    an already loaded :func:`load_source` to reuse. Raise ValueError with a clear message for
+    an unknown plot/table name, a folder with no runs, or a plot that needs data the source
+    lacks (e.g. curves for a sweep without metrics)."""
+    # Unknown names fail before anything is loaded.
+    registry.select("plot", plots)
+    registry.select("table", tables)
     src = source or load_source(sweep_dir, paper)
     src.n_boot = n_boot
     src.transfer_base, src.transfer_cutoff = base, cutoff
-    out_dir = Path(out_dir)
-    paths: list[Path] = []
-    skipped: list[str] = []
-    for item, from_all in jobs:
-        try:
-            paths += make(item, src, out_dir)
-        except ValueError as err:
-            # Asked for by name: the caller must hear why. Via "all": skip what this source lacks.
-            if not from_all:
-                raise
-            skipped.append(f"{item.name}: {err}")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths.append(write_index(out_dir, paths, f"Analysis of {src.label}", skipped))
-    return paths
+    return analyze_items(src, plots, tables, out_dir).paths
