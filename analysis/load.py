@@ -8,17 +8,17 @@ min_val_loss, state, d_model, n_layers, seed, source ("paper" | "sweep").
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from analysis.configs import parse_config
+from analysis.scan import read_parts
 
 RUN_COLUMNS = (
     "run_id",
@@ -251,16 +251,22 @@ def load_metrics(
     files = metric_files(sweep_dir)
     if not files:
         return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
-    # An explicit schema lets parts written with a plain-string ``name`` load alongside the
-    # rest; reading run_id as a dictionary skips decoding one string per row (the column is
-    # constant within a part).
-    dataset = ds.dataset([str(f) for f in files], format=_PARQUET, schema=_READ_SCHEMA)
-    table = dataset.to_table(columns=columns, filter=_metric_filter(names, suffixes, run_ids))
+    table = read_parts(files, _READ_SCHEMA, columns, _filters(names, suffixes, run_ids))
     # Categorical run_id keeps 10 M rows from becoming 10 M Python strings.
     frame = table.to_pandas(strings_to_categorical=True, self_destruct=True)
     if "run_id" in frame:
         frame["run_id"] = frame["run_id"].cat.remove_unused_categories()
     return frame
+
+
+def metrics_dataset(sweep_dir: Path) -> ds.Dataset | None:
+    """The sweep's metrics parts as one pyarrow dataset (None when there are none yet)."""
+    files = metric_files(sweep_dir)
+    if not files:
+        return None
+    # An explicit schema lets parts written with a plain-string ``name`` load alongside the
+    # rest; run_id and name read as dictionaries (few values, many rows).
+    return ds.dataset([str(f) for f in files], format=_PARQUET, schema=_READ_SCHEMA)
 
 
 _PARQUET = ds.ParquetFileFormat(
@@ -272,16 +278,16 @@ _READ_SCHEMA = METRICS_SCHEMA.set(
 )
 
 
-def _metric_filter(
+def _filters(
     names: Sequence[str] | None, suffixes: Sequence[str], run_ids: Sequence[str] | None
-) -> pc.Expression | None:
-    """The scan predicate: (name in names or name ends with a suffix) and run_id in run_ids."""
-    by_name = None
+) -> dict[str, Callable[[str], bool]]:
+    """Per dictionary column, which values to keep: name in names or ending with a suffix,
+    run_id in run_ids (a column without a filter is not listed)."""
+    filters: dict[str, Callable[[str], bool]] = {}
     if names is not None or suffixes:
-        by_name = pc.field("name").isin(list(names or []))
-        for suffix in suffixes:
-            by_name = by_name | pc.ends_with(pc.field("name").cast(pa.string()), suffix)
-    if run_ids is None:
-        return by_name
-    by_run = pc.field("run_id").isin(list(run_ids))
-    return by_run if by_name is None else by_name & by_run
+        exact, ends = frozenset(names or ()), tuple(suffixes)
+        filters["name"] = lambda name: name in exact or (bool(ends) and name.endswith(ends))
+    if run_ids is not None:
+        runs = frozenset(run_ids)
+        filters["run_id"] = runs.__contains__
+    return filters
