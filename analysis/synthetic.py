@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from analysis.configs import parse_config
-from analysis.load import METRICS_SCHEMA
+from runfolder.metrics import metrics_schema
 
 VOCAB = 256
 SEQ_LEN = 64
@@ -66,7 +66,7 @@ def write_metrics(
                     "value": np.asarray(values, float),
                     "wall_time": steps * 0.01,
                 },
-                schema=METRICS_SCHEMA,
+                schema=metrics_schema(),
             )
         )
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -228,7 +228,7 @@ def _write_wide_runs(sweep_dir: Path, indices: range, steps: int, n_names: int, 
             "value": 3.0 + rng.random(n_rows),
             "wall_time": wall,
         }
-        table = pa.table(columns, schema=METRICS_SCHEMA)
+        table = pa.table(columns, schema=metrics_schema())
         pq.write_table(table, run_dir / "metrics" / "part-00000.parquet")
 
 

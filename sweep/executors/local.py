@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from models.config import RunSpec
-from sweep.executors.base import Submission, die_with_parent, run_command
-from sweep.run import EXIT_PREEMPTED
+from runfolder.codes import EXIT_OK, EXIT_PREEMPTED
+from runfolder.records import Submission
+from sweep.executors.base import die_with_parent, run_command
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
 # How long the other ranks get to notice a failed rank (and rank 0 to record the failure)
@@ -127,7 +128,7 @@ def spawn_ranks(argv: list[str], nprocs: int) -> int:
 
 
 def _failed(code: int | None) -> bool:
-    return code is not None and code not in (0, EXIT_PREEMPTED)
+    return code is not None and code not in (EXIT_OK, EXIT_PREEMPTED)
 
 
 @contextlib.contextmanager
@@ -218,7 +219,8 @@ class LocalExecutor:
                         else:
                             unstarted.append(run_dir)
                         continue
-                    event = {0: "done", 75: "preempted"}.get(outcome.exit_code, "failed")
+                    events = {EXIT_OK: "done", EXIT_PREEMPTED: "preempted"}
+                    event = events.get(outcome.exit_code, "failed")
                     self.on_event(event, run_dir.name, outcome)
         if stop.requested:
             raise KeyboardInterrupt("launch interrupted; runs were checkpointed")

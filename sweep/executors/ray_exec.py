@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sweep.executors.base import Submission, run_command
+from runfolder.records import Submission
+from sweep.executors.base import run_command
 from sweep.executors.slurm import launch_logged
 
 
