@@ -11,14 +11,19 @@ step (loss spike, moving-average rise or divergence; analysis.interventions.trou
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
-from analysis.interventions import loss_curves, trouble_step
+from analysis.interventions import LOSS_NEEDS, loss_curves, trouble_step
 from analysis.load import run_dirs
+from analysis.registry import plot, table
 from runfolder.atomic import read_json
 from runfolder.paths import SPEC_FILE, SUMMARY_FILE
+
+if TYPE_CHECKING:
+    from analysis.report import Source
 
 # The study's four arms, in the order they are shown.
 CONFIGS = ("fp32", "fp32_frozen_ln_bias", "mx_paper", "mx_trained_ln_bias")
@@ -103,3 +108,24 @@ def plot_confound(sweep_dir: Path, runs: pd.DataFrame, out_dir: Path) -> list[Pa
         ax.set(title=f"seed {seed}", xlabel="step", ylabel="train loss", yscale="log")
     axes[0][0].legend(fontsize=7)
     return save(fig, out_dir, "confound")
+
+
+@plot("confound", "LN-bias confound study: train loss per seed, one line per arm", LOSS_NEEDS)
+def _plot(src: Source, out_dir: Path) -> list[Path]:
+    sweep_dir = src.sweep_folder("plot 'confound'")
+    return plot_confound(sweep_dir, confound_runs(sweep_dir), out_dir)
+
+
+@table("confound", "LN-bias confound study: which arms diverge, and when", LOSS_NEEDS)
+def _table(src: Source, out_dir: Path) -> list[Path]:
+    from analysis.tables import write_table
+
+    runs = confound_runs(src.sweep_folder("table 'confound'"))
+    paths = write_table(
+        confound_table(runs),
+        out_dir,
+        "confound",
+        "LN-bias confound: which configurations diverge, and when",
+        "trouble = first loss spike, moving-average rise or divergence (train loss).",
+    )
+    return paths + write_table(runs, out_dir, "confound_runs", "Confound runs")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -21,8 +22,13 @@ from matplotlib.colors import LogNorm, Normalize  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
 
 from analysis.configs import FORMATS, config_color, config_order  # noqa: E402
+from analysis.instability import frequency_table  # noqa: E402
 from analysis.isoflop import IsoFlopFit  # noqa: E402
 from analysis.laws import ConfigLaw, usable  # noqa: E402
+from analysis.registry import CURVES, plot  # noqa: E402
+
+if TYPE_CHECKING:
+    from analysis.report import Source
 
 plt.rcParams.update({"font.size": 9, "axes.titlesize": 9, "legend.fontsize": 7})
 SINGLE_AXES_MAX = 6  # more configurations than this get one panel each
@@ -377,3 +383,41 @@ def plot_isoflop(fits: dict[str, IsoFlopFit], out_dir: Path) -> list[Path]:
         "the sampled N, left out); a in N_opt ∝ C^a with bootstrap 95% CI"
     )
     return save(fig, out_dir, "isoflop")
+
+
+# The registered plots (analysis.registry): what `sweep analyze --plot` offers.
+@plot("scaling", "final validation loss vs compute C per configuration with its fitted L(C)")
+def _scaling(src: Source, out_dir: Path) -> list[Path]:
+    return plot_scaling(src.runs, src.compute_laws, out_dir)
+
+
+@plot("contours", "iso-loss contours of the fitted L(N, D) per configuration")
+def _contours(src: Source, out_dir: Path) -> list[Path]:
+    return plot_contours(src.runs, src.chinchilla_laws, out_dir)
+
+
+@plot("curves", "train-loss and grad-norm curves per configuration", CURVES)
+def _curves(src: Source, out_dir: Path) -> list[Path]:
+    if src.curves is None or src.curves.empty:
+        raise ValueError(f"plot 'curves' needs step metrics (train/loss) and {src.label} has none")
+    return plot_curves(src.curves, out_dir)
+
+
+@plot(
+    "instability",
+    "heatmap of the unstable fraction per configuration x budget",
+    CURVES,
+    page="instability",
+)
+def _instability(src: Source, out_dir: Path) -> list[Path]:
+    return plot_instability(frequency_table(src.classified()), out_dir)
+
+
+@plot("frontier", "final - best validation loss over (N, D) per configuration")
+def _frontier(src: Source, out_dir: Path) -> list[Path]:
+    return plot_frontier(src.runs, out_dir)
+
+
+@plot("isoflop", "loss vs N per budget with the IsoFLOP parabolas and their minima")
+def _isoflop(src: Source, out_dir: Path) -> list[Path]:
+    return plot_isoflop(src.isoflop_fits, out_dir)

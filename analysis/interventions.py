@@ -14,20 +14,27 @@ compared with the parent's:
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from analysis.instability import Thresholds, curve_instability
 from analysis.load import load_metrics, run_dirs
+from analysis.registry import Needs, plot, table
 from runfolder.atomic import read_json
 from runfolder.paths import SPEC_FILE, SUMMARY_FILE
+
+if TYPE_CHECKING:
+    from analysis.report import Source
 
 OUTCOMES = ("diverged", "delayed", "averted", "stable")
 DELAY_FRACTION = 0.25
 # Per-step curves: spikes and divergence are judged once the loss has settled (see
 # Thresholds.settle_frac); windows shrink to the curve for short runs (trouble_step).
 CURVE_THRESHOLDS = Thresholds(settle_frac=0.5)
+# Branched runs and their parents' train loss (also the confound study's input).
+LOSS_NEEDS = Needs(metrics=("train/loss",), columns=("run_id", "step", "value"), sweep_only=True)
 
 
 def load_branches(sweep_dir: Path) -> pd.DataFrame:
@@ -56,7 +63,9 @@ def load_branches(sweep_dir: Path) -> pd.DataFrame:
 
 def loss_curves(sweep_dir: Path, run_ids: list[str]) -> dict[str, pd.Series]:
     """Train loss by step for each run (runs without metrics are left out)."""
-    metrics = load_metrics(sweep_dir, names=["train/loss"], run_ids=run_ids)
+    metrics = load_metrics(
+        sweep_dir, names=LOSS_NEEDS.metrics, run_ids=run_ids, columns=LOSS_NEEDS.columns
+    )
     curves = {}
     for run_id, group in metrics.groupby("run_id", observed=True):
         curves[str(run_id)] = group.set_index("step")["value"].sort_index()
@@ -204,4 +213,32 @@ def describe(table: pd.DataFrame) -> str:
         f"Averted: {', '.join(averted) or 'none'}. Delayed: {', '.join(delayed) or 'none'}. "
         f"(over {len(troubled)} arm run(s) of {troubled['parent'].nunique()} troubled parent(s); "
         f"median parent trouble step {np.median(troubled['parent_trouble_step']):.0f})"
+    )
+
+
+@plot(
+    "interventions",
+    "each branched parent's train loss with every arm overlaid from its branch step",
+    LOSS_NEEDS,
+    "interventions",
+)
+def _plot(src: Source, out_dir: Path) -> list[Path]:
+    sweep_dir = src.sweep_folder("plot 'interventions'")
+    return plot_interventions(sweep_dir, outcome_table(sweep_dir), out_dir)
+
+
+@table(
+    "interventions",
+    "intervention outcome per arm (diverged / delayed / averted / stable)",
+    LOSS_NEEDS,
+    "interventions",
+)
+def _table(src: Source, out_dir: Path) -> list[Path]:
+    from analysis.tables import write_table
+
+    frame = outcome_table(src.sweep_folder("table 'interventions'"))
+    title = "Intervention outcomes per arm (diverged / delayed / averted / stable)"
+    paths = write_table(frame, out_dir, "interventions", title, describe(frame))
+    return paths + write_table(
+        outcome_counts(frame), out_dir, "interventions_counts", "Outcomes per arm"
     )

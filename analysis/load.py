@@ -8,17 +8,17 @@ min_val_loss, state, d_model, n_layers, seed, source ("paper" | "sweep").
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from analysis.configs import parse_config
+from analysis.scan import read_parts
 from runfolder.atomic import read_json
 from runfolder.label import config_label
 from runfolder.metrics import GRAD_NORM, METRIC_COLUMNS, TRAIN_LOSS, metrics_schema
@@ -194,23 +194,62 @@ def metric_files(sweep_dir: Path) -> list[Path]:
 
 
 def load_metrics(
-    sweep_dir: Path, names: Sequence[str] | None = None, run_ids: Sequence[str] | None = None
+    sweep_dir: Path,
+    names: Sequence[str] | None = None,
+    run_ids: Sequence[str] | None = None,
+    *,
+    suffixes: Sequence[str] = (),
+    columns: Sequence[str] | None = None,
 ) -> pd.DataFrame:
     """Step metrics of a sweep as one long frame (run_id and name categorical).
 
-    ``names``/``run_ids`` filter at scan time so large sweeps load only what is needed.
-    Returns an empty frame with the metric columns when the sweep has no metrics yet.
+    Pushdown: only rows whose name is in ``names`` or ends with one of ``suffixes`` (both
+    unset: every name), of the runs in ``run_ids`` (None: all), and only ``columns`` (None:
+    every metric column) are read from the Parquet parts. Returns an empty frame with the
+    requested columns when the sweep has no metrics yet.
     """
+    columns = list(METRIC_COLUMNS if columns is None else columns)
+    unknown = [c for c in columns if c not in METRIC_COLUMNS]
+    if unknown:
+        raise ValueError(f"unknown metric columns {unknown}; allowed: {', '.join(METRIC_COLUMNS)}")
     files = metric_files(sweep_dir)
     if not files:
-        return pd.DataFrame({c: pd.Series(dtype=object) for c in METRIC_COLUMNS})
-    # An explicit schema lets parts written with a plain-string ``name`` load alongside the rest.
-    dataset = ds.dataset([str(f) for f in files], format="parquet", schema=metrics_schema())
-    condition = None
-    for column, allowed in (("name", names), ("run_id", run_ids)):
-        if allowed is not None:
-            term = pc.field(column).cast(pa.string()).isin(list(allowed))
-            condition = term if condition is None else condition & term
-    table = dataset.to_table(filter=condition)
+        return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
+    table = read_parts(files, _READ_SCHEMA, columns, _filters(names, suffixes, run_ids))
     # Categorical run_id keeps 10 M rows from becoming 10 M Python strings.
+    # Parts without a matching row are not read, so every run_id category has rows.
     return table.to_pandas(strings_to_categorical=True, self_destruct=True)
+
+
+def metrics_dataset(sweep_dir: Path) -> ds.Dataset | None:
+    """The sweep's metrics parts as one pyarrow dataset (None when there are none yet)."""
+    files = metric_files(sweep_dir)
+    if not files:
+        return None
+    # An explicit schema lets parts written with a plain-string ``name`` load alongside the
+    # rest; run_id and name read as dictionaries (few values, many rows).
+    return ds.dataset([str(f) for f in files], format=_PARQUET, schema=_READ_SCHEMA)
+
+
+_PARQUET = ds.ParquetFileFormat(
+    read_options=ds.ParquetReadOptions(dictionary_columns=["run_id", "name"])
+)
+_READ_SCHEMA = metrics_schema().set(
+    metrics_schema().get_field_index("run_id"),
+    pa.field("run_id", pa.dictionary(pa.int32(), pa.string())),
+)
+
+
+def _filters(
+    names: Sequence[str] | None, suffixes: Sequence[str], run_ids: Sequence[str] | None
+) -> dict[str, Callable[[str], bool]]:
+    """Per dictionary column, which values to keep: name in names or ending with a suffix,
+    run_id in run_ids (a column without a filter is not listed)."""
+    filters: dict[str, Callable[[str], bool]] = {}
+    if names is not None or suffixes:
+        exact, ends = frozenset(names or ()), tuple(suffixes)
+        filters["name"] = lambda name: name in exact or (bool(ends) and name.endswith(ends))
+    if run_ids is not None:
+        runs = frozenset(run_ids)
+        filters["run_id"] = runs.__contains__
+    return filters

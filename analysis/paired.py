@@ -8,27 +8,37 @@ clipping of LayerNorm weights or GEMM inputs.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from analysis.load import load_metrics
+from analysis.registry import Needs, plot, table
+
+if TYPE_CHECKING:
+    from analysis.report import Source
 
 MAX_RUNS = 8
 _LOSSES = ("train/loss", "paired/fp32_loss")
 _BIAS = ("paired/grad_zeta", "paired/grad_cos")
+# Losses, gradient bias and clip rates (LN weights, fc1 inputs): all the paired views read.
+NEEDS = Needs(
+    metrics=_LOSSES + _BIAS,
+    metric_suffixes=("/weight_clip", ".fc1/a"),
+    columns=("run_id", "step", "name", "value"),
+    sweep_only=True,
+)
 
 
 def paired_metrics(sweep_dir: Path) -> pd.DataFrame:
     """Wide step metrics (index run_id, step) of the paired runs, or an empty frame."""
-    metrics = load_metrics(sweep_dir)
+    metrics = load_metrics(
+        sweep_dir, NEEDS.metrics, suffixes=NEEDS.metric_suffixes, columns=NEEDS.columns
+    )
     if metrics.empty:
         return pd.DataFrame()
     metrics["name"] = metrics["name"].astype(str)
-    keep = metrics["name"].isin(_LOSSES + _BIAS) | metrics["name"].str.endswith(
-        ("/weight_clip", ".fc1/a")
-    )
-    metrics = metrics[keep]
     paired_ids = metrics.loc[metrics["name"] == "paired/fp32_loss", "run_id"].unique()
     metrics = metrics[metrics["run_id"].isin(paired_ids)]
     if metrics.empty:
@@ -122,3 +132,17 @@ def _verdict(mx_trouble: int | None, fp32_trouble: int | None) -> str:
     if fp32_trouble is None:
         return "mx only"
     return "both (mx first)" if mx_trouble < fp32_trouble else "both"
+
+
+@plot("paired", "paired FP32/MX runs: both losses, gradient bias, clip rates", NEEDS, "paired")
+def _plot(src: Source, out_dir: Path) -> list[Path]:
+    return plot_paired(src.sweep_folder("plot 'paired'"), out_dir)
+
+
+@table("paired", "paired FP32/MX runs: final losses and which got into trouble", NEEDS, "paired")
+def _table(src: Source, out_dir: Path) -> list[Path]:
+    from analysis.tables import write_table
+
+    frame = paired_table(src.sweep_folder("table 'paired'"))
+    title = "Paired FP32/MX runs: final losses and which one got into trouble"
+    return write_table(frame, out_dir, "paired", title)

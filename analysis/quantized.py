@@ -5,11 +5,16 @@ by side in each (torch-free)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from analysis.figures import _log_axes, plt, save
+from analysis.registry import plot
+
+if TYPE_CHECKING:
+    from analysis.report import Source
 
 LOSS = "final_val_loss_quantized"
 METHODS = ("plain", "QAT", "LOTION")
@@ -69,3 +74,11 @@ def plot_quantized(runs: pd.DataFrame, out_dir: Path) -> list[Path]:
     axes[0][0].set_ylabel("final validation loss (nats/token)")
     fig.suptitle("Quantized-weight validation loss (solid) vs unquantized (dotted)")
     return save(fig, out_dir, "quantized")
+
+
+@plot(
+    "quantized",
+    "quantized-weight vs unquantized val loss over compute (runs with train.quantized_eval)",
+)
+def _plot(src: Source, out_dir: Path) -> list[Path]:
+    return plot_quantized(src.runs, out_dir)

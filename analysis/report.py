@@ -1,72 +1,80 @@
-"""The one entry point the CLI calls: ``analyze`` writes the requested figures and tables."""
+"""The one entry point the CLI calls: ``analyze`` writes the requested figures and tables.
+
+What can be asked for is :mod:`analysis.registry`: each plot/table registers itself in the
+module that defines it; a :class:`Source` loads the step metrics an item needs only when it
+asks (pushdown: only those metric names and columns are read).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
-from analysis import figures, transfer
-from analysis import tables as tbl
-from analysis.confound import confound_runs, confound_table, plot_confound
+from analysis import registry
 from analysis.index import write_index
-from analysis.instability import DEFAULT, Thresholds, classify_runs, frequency_table
-from analysis.interventions import describe, outcome_counts, outcome_table, plot_interventions
+from analysis.instability import DEFAULT, Thresholds, classify_runs
 from analysis.isoflop import IsoFlopFit, isoflop_fits
-from analysis.joint import fit_joint, leave_one_budget_out
 from analysis.laws import N_BOOT, ConfigLaw, chinchilla_laws, compute_laws, kaplan_laws
 from analysis.load import load_metrics, load_paper_curves, load_paper_runs, load_sweep_runs
-from analysis.paired import paired_table, plot_paired
-from analysis.quantized import plot_quantized
+from analysis.registry import CURVES, Item, Needs
 from analysis.transfer import BASELINE, HeldOut, evaluate
-from analysis.transfer_plot import plot_transfer
 
-PLOTS = (
-    "scaling",
-    "contours",
-    "curves",
-    "instability",
-    "frontier",
-    "paired",
-    "interventions",
-    "isoflop",
-    "confound",
-    "quantized",
-    "transfer",
-)
-TABLES = (
-    "fits",
-    "instability",
-    "mitigations",
-    "interventions",
-    "paired",
-    "isoflop",
-    "confound",
-    "transfer",
-)
-CURVE_NAMES = ("train/loss", "optim/grad_norm")
+# The names every analysis offers (registration order); see analysis.registry.
+PLOTS = registry.names("plot")
+TABLES = registry.names("table")
+CURVE_NAMES = CURVES.metrics
 # The paper's curves have 20-65 logged points, too few for the per-step defaults.
 PAPER_THRESHOLDS = Thresholds(window=10, ma_window=5)
 
 
 @dataclass
 class Source:
-    """Runs of one source plus its curves (None when it has no step metrics).
+    """Runs of one source; step metrics are loaded on demand (:meth:`metrics`).
 
     Laws are fitted once per source and shared by the figures and tables that need them.
     """
 
     label: str
     runs: pd.DataFrame
-    curves: pd.DataFrame | None
     thresholds: Thresholds
     n_boot: int = N_BOOT
     sweep_dir: Path | None = None
     transfer_base: str = BASELINE
     transfer_cutoff: float | None = None
+    _metrics: dict[Needs, pd.DataFrame | None] = field(default_factory=dict, repr=False)
+
+    def metrics(self, needs: Needs) -> pd.DataFrame | None:
+        """The step metrics ``needs`` names (only those are read), joined onto the runs'
+        ratio and config; None when the source has none of them."""
+        if needs not in self._metrics:
+            self._metrics[needs] = self._load_metrics(needs)
+        return self._metrics[needs]
+
+    def _load_metrics(self, needs: Needs) -> pd.DataFrame | None:
+        if self.sweep_dir is None:  # the paper ships train/loss and optim/grad_norm only
+            curves = load_paper_curves()
+            keep = curves["name"].isin(needs.metrics)
+            if needs.metric_suffixes:
+                keep |= curves["name"].str.endswith(needs.metric_suffixes)
+            curves = curves[keep].reset_index(drop=True)
+            return curves if len(curves) else None
+        metrics = load_metrics(
+            self.sweep_dir,
+            names=needs.metrics,
+            suffixes=needs.metric_suffixes,
+            columns=needs.columns,
+        )
+        return _join_runs(metrics, self.runs) if len(metrics) else None
+
+    @property
+    def curves(self) -> pd.DataFrame | None:
+        """Train loss and grad norm (None when the source has no step metrics)."""
+        return self.metrics(CURVES)
 
     def sweep_folder(self, what: str) -> Path:
         """The sweep folder, for what only a sweep has (paired runs, branches)."""
@@ -100,185 +108,79 @@ class Source:
         return evaluate(self.runs, self.transfer_base, self.transfer_cutoff, n_boot=self.n_boot)
 
 
+def _join_runs(metrics: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """Metrics rows of the runs in ``runs`` with each run's ratio and config, joined through
+    the categorical run_id's categories: millions of rows, no per-row string work."""
+    info = runs.drop_duplicates("run_id")
+    known = pd.Index(info["run_id"].astype(str))
+    position = known.get_indexer(metrics["run_id"].cat.categories.astype(str)).astype(np.int32)
+    # Code -1 (no run id) picks the appended -1: "not in the run table".
+    row = np.append(position, np.int32(-1))[metrics["run_id"].cat.codes.to_numpy()]
+    if (row < 0).any():  # metrics of folders not in the run table
+        metrics, row = metrics[row >= 0].reset_index(drop=True), row[row >= 0]
+    config = pd.Categorical(info["config"].astype(str))
+    metrics["ratio"] = info["ratio"].to_numpy(float)[row]
+    metrics["config"] = pd.Categorical.from_codes(config.codes[row], config.categories)
+    return metrics
+
+
 def load_source(sweep_dir: Path | None, paper: bool) -> Source:
-    """Load the paper's shipped data or a sweep folder (runs + loss/grad-norm curves)."""
+    """Load the runs of the paper's shipped data or of a sweep folder (metrics: on demand)."""
     if paper == (sweep_dir is not None):
         raise ValueError(
             "give exactly one source: a sweep folder or paper=True "
             f"(got sweep_dir={sweep_dir}, paper={paper})"
         )
     if paper:
-        return Source("paper", load_paper_runs(), load_paper_curves(), PAPER_THRESHOLDS)
+        return Source("paper", load_paper_runs(), PAPER_THRESHOLDS)
     runs = load_sweep_runs(Path(sweep_dir))
-    metrics = load_metrics(Path(sweep_dir), names=CURVE_NAMES)
-    curves = None
-    if len(metrics):
-        metrics["run_id"] = metrics["run_id"].astype(str)
-        curves = metrics.merge(runs[["run_id", "ratio", "config"]], on="run_id", how="inner")
-    return Source(f"sweep {sweep_dir}", runs, curves, DEFAULT, sweep_dir=Path(sweep_dir))
+    return Source(f"sweep {sweep_dir}", runs, DEFAULT, sweep_dir=Path(sweep_dir))
 
 
-def _expand(requested: Sequence[str], allowed: tuple[str, ...], kind: str) -> list[str]:
-    names = list(allowed) if "all" in requested else list(dict.fromkeys(requested))
-    unknown = [n for n in names if n not in allowed]
-    if unknown:
-        raise ValueError(f"unknown {kind} {unknown}; allowed: {', '.join(allowed)} or 'all'")
-    return names
+def make(item: Item, src: Source, out_dir: Path) -> list[Path]:
+    """Write one registered plot/table of ``src``; ValueError when the source lacks its input."""
+    if item.needs.sweep_only:
+        src.sweep_folder(f"{item.kind} '{item.name}'")
+    return item.make(src, out_dir)
 
 
-def _make_plot(name: str, src: Source, out_dir: Path) -> list[Path]:
-    if name == "confound":
-        sweep_dir = src.sweep_folder("plot 'confound'")
-        return plot_confound(sweep_dir, confound_runs(sweep_dir), out_dir)
-    if name == "scaling":
-        return figures.plot_scaling(src.runs, src.compute_laws, out_dir)
-    if name == "contours":
-        return figures.plot_contours(src.runs, src.chinchilla_laws, out_dir)
-    if name == "curves":
-        if src.curves is None or src.curves.empty:
-            raise ValueError(
-                f"plot 'curves' needs step metrics (train/loss) and {src.label} has none"
-            )
-        return figures.plot_curves(src.curves, out_dir)
-    if name == "instability":
-        return figures.plot_instability(frequency_table(src.classified()), out_dir)
-    if name == "isoflop":
-        return figures.plot_isoflop(src.isoflop_fits, out_dir)
-    if name == "quantized":
-        return plot_quantized(src.runs, out_dir)
-    if name == "transfer":
-        return plot_transfer(src.runs, src.held_out, out_dir)
-    if name == "paired":
-        return plot_paired(src.sweep_folder("plot 'paired'"), out_dir)
-    if name == "interventions":
-        sweep_dir = src.sweep_folder("plot 'interventions'")
-        return plot_interventions(sweep_dir, outcome_table(sweep_dir), out_dir)
-    return figures.plot_frontier(src.runs, out_dir)
+@dataclass
+class Analysis:
+    """What :func:`analyze_items` wrote: each item with its files, the skipped ones (with
+    why) and the index.md."""
+
+    made: list[tuple[Item, list[Path]]]
+    skipped: list[tuple[Item, str]]
+    index: Path
+
+    @property
+    def paths(self) -> list[Path]:
+        return [p for _, paths in self.made for p in paths] + [self.index]
 
 
-def _make_table(name: str, src: Source, out_dir: Path) -> list[Path]:
-    if name == "confound":
-        runs = confound_runs(src.sweep_folder("table 'confound'"))
-        paths = tbl.write_table(
-            confound_table(runs),
-            out_dir,
-            "confound",
-            "LN-bias confound: which configurations diverge, and when",
-            "trouble = first loss spike, moving-average rise or divergence (train loss).",
-        )
-        return paths + tbl.write_table(runs, out_dir, "confound_runs", "Confound runs")
-    if name == "paired":
-        table = paired_table(src.sweep_folder("table 'paired'"))
-        title = "Paired FP32/MX runs: final losses and which one got into trouble"
-        return tbl.write_table(table, out_dir, "paired", title)
-    if name == "interventions":
-        table = outcome_table(src.sweep_folder("table 'interventions'"))
-        title = "Intervention outcomes per arm (diverged / delayed / averted / stable)"
-        paths = tbl.write_table(table, out_dir, "interventions", title, describe(table))
-        return paths + tbl.write_table(
-            outcome_counts(table), out_dir, "interventions_counts", "Outcomes per arm"
-        )
-    if name == "instability":
-        classified = src.classified()
-        note = (
-            f"Unstable = diverged, final - best val loss > {src.thresholds.tau}, or a "
-            f"{src.thresholds.ma_window}-point moving-average loss rise > "
-            f"{src.thresholds.ma_slope} per point."
-        )
-        paths = tbl.write_table(
-            tbl.instability_table(classified),
-            out_dir,
-            "instability",
-            "Unstable / total runs per compute budget",
-            note,
-        )
-        by_shape = tbl.instability_table(classified, by=("config", "d_model"))
-        return paths + tbl.write_table(
-            by_shape, out_dir, "instability_by_shape", "Unstable / total runs per d_model", note
-        )
-    if name == "mitigations":
-        table = tbl.mitigations_table(src.runs)
-        return tbl.write_table(
-            table, out_dir, "mitigations", "Validation-loss delta vs bf16_bf16, matched on N and D"
-        )
-    if name == "transfer":
-        return _transfer_tables(src.held_out, out_dir)
-    target = 10 * float(src.runs["budget"].max())
-    if name == "isoflop":
-        table = tbl.isoflop_table(src.isoflop_fits, src.chinchilla_laws, target)
-        paths = tbl.write_table(
-            table,
-            out_dir,
-            "isoflop",
-            f"IsoFLOP a (N_opt ∝ C^a) vs Chinchilla beta/(alpha+beta); N_opt at C = {target:.3g}",
-            "Parabolas of min val loss vs log N per budget; a budget whose minimum lies outside "
-            "its sampled N range is left out (see isoflop_budgets). CIs: 95% bootstrap.",
-        )
-        return paths + tbl.write_table(
-            tbl.isoflop_budgets_table(src.isoflop_fits),
-            out_dir,
-            "isoflop_budgets",
-            "IsoFLOP parabola minimum per configuration and budget",
-        )
-    title = f"fits per configuration (95% bootstrap CI; target C = {target:.3g})"
-    nd_laws = {"chinchilla": src.chinchilla_laws, "kaplan": src.kaplan_laws}
-    paths = tbl.write_table(
-        tbl.forms_table(nd_laws, target), out_dir, "fits_chinchilla", f"L(N, D) {title}"
-    )
-    paths += tbl.write_table(
-        tbl.fits_table(src.compute_laws, target), out_dir, "fits_compute", f"L(C) {title}"
-    )
-    joint, note = tbl.joint_table(fit_joint(src.runs))
-    paths += tbl.write_table(
-        joint,
-        out_dir,
-        "fits_joint",
-        "Joint precision-aware law L = E + A/(N f)^alpha + B/D^beta",
-        note,
-    )
-    lobo = leave_one_budget_out(src.runs)
-    paths += tbl.write_table(
-        lobo,
-        out_dir,
-        "fits_lobo",
-        "Leave-one-budget-out error: per-configuration vs joint law (mean |pred/actual - 1|)",
-    )
-    return paths
+def analyze_items(
+    src: Source, plots: Sequence[str], tables: Sequence[str], out_dir: Path
+) -> Analysis:
+    """Write the requested registered plots/tables of a loaded source and the index.md.
 
-
-def _transfer_tables(result: HeldOut, out_dir: Path) -> list[Path]:
-    cut = f"budgets <= {result.cutoff:.3g}"
-    note = (
-        f"Fitted on {cut}; every budget above is predicted ({result.base}'s observed loss "
-        "there is the transfer's input). "
-        "observed: lowest final val loss at the budget; transfer: "
-        f"K(L_{result.base} - E_1)^kappa + E_2 with its 95% bootstrap CI; own: the "
-        "configuration's own L(C); joint: the joint precision law at the best of the budget's "
-        "(N, D) points; departed: observed above transfer_hi."
-    )
-    paths = tbl.write_table(
-        result.table, out_dir, "transfer", f"Held-out predictions vs {result.base}", note
-    )
-    paths += tbl.write_table(
-        transfer.summary(result.table),
-        out_dir,
-        "transfer_summary",
-        f"Held-out relative error per method ({cut})",
-        "closest: rows where the method is nearest the observed loss; in_interval: observed "
-        "inside the method's 95% interval. fully MX: MX weights and activations, both passes.",
-    )
-    paths += tbl.write_table(
-        transfer.departures(result.table),
-        out_dir,
-        "transfer_departures",
-        "First held-out budget where the observed loss exceeds the transfer interval",
-    )
-    return paths + tbl.write_table(
-        transfer.fits_table(result),
-        out_dir,
-        "transfer_fits",
-        f"Transfer fits L = K(L_{result.base} - E_1)^kappa + E_2 ({cut}; 95% bootstrap CI)",
-    )
+    Asked for by name, an item the source cannot make raises its ValueError; via "all" it is
+    skipped with the reason."""
+    jobs = [(i, "all" in plots) for i in registry.select("plot", plots)]
+    jobs += [(i, "all" in tables) for i in registry.select("table", tables)]
+    out_dir = Path(out_dir)
+    made: list[tuple[Item, list[Path]]] = []
+    skipped: list[tuple[Item, str]] = []
+    for item, from_all in jobs:
+        try:
+            made.append((item, make(item, src, out_dir)))
+        except ValueError as err:
+            if not from_all:
+                raise
+            skipped.append((item, str(err)))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [p for _, written in made for p in written]
+    reasons = [f"{item.name}: {why}" for item, why in skipped]
+    return Analysis(made, skipped, write_index(out_dir, paths, f"Analysis of {src.label}", reasons))
 
 
 def analyze(
@@ -295,29 +197,15 @@ def analyze(
 ) -> list[Path]:
     """Write the requested figures (PNG and PDF) and tables (Markdown and CSV) into out_dir
     and an index.md linking them; return the paths written. "all" in plots/tables expands to
-    every item. ``base`` and ``cutoff`` configure the transfer table/plot (the held-out
-    evaluation; cutoff None: the lower median budget). ``source``: an already loaded
-    :func:`load_source` to reuse. Raise ValueError with a clear message for an unknown
-    plot/table name, a folder with no runs, or a plot that needs data the source lacks (e.g.
-    curves for a sweep without metrics)."""
-    plot_names = _expand(plots, PLOTS, "plot")
-    table_names = _expand(tables, TABLES, "table")
+    every registered item (analysis.registry). ``base`` and ``cutoff`` configure the transfer
+    table/plot (the held-out evaluation; cutoff None: the lower median budget). ``source``:
+    an already loaded :func:`load_source` to reuse. Raise ValueError with a clear message for
+    an unknown plot/table name, a folder with no runs, or a plot that needs data the source
+    lacks (e.g. curves for a sweep without metrics)."""
+    # Unknown names fail before anything is loaded.
+    registry.select("plot", plots)
+    registry.select("table", tables)
     src = source or load_source(sweep_dir, paper)
     src.n_boot = n_boot
     src.transfer_base, src.transfer_cutoff = base, cutoff
-    out_dir = Path(out_dir)
-    paths: list[Path] = []
-    skipped: list[str] = []
-    jobs = [(n, _make_plot, "all" in plots) for n in plot_names]
-    jobs += [(n, _make_table, "all" in tables) for n in table_names]
-    for name, make, from_all in jobs:
-        try:
-            paths += make(name, src, out_dir)
-        except ValueError as err:
-            # Asked for by name: the caller must hear why. Via "all": skip what this source lacks.
-            if not from_all:
-                raise
-            skipped.append(f"{name}: {err}")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths.append(write_index(out_dir, paths, f"Analysis of {src.label}", skipped))
-    return paths
+    return analyze_items(src, plots, tables, out_dir).paths

@@ -21,26 +21,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis import figures
+from analysis import figures, registry
 from analysis.configs import config_order
 from analysis.laws import N_BOOT
-from analysis.report import Source, analyze, load_source
+from analysis.registry import Item
+from analysis.report import Analysis, Source, analyze_items, load_source
 
 # Run pages (one curve figure each) are drawn for at most this many unstable runs.
 MAX_RUN_PAGES = 200
-# Figures and tables (by file stem) shown on a page of their own instead of the overview.
-PAGE_OF = {
-    "instability": "instability",
-    "instability_by_shape": "instability",
-    "interventions": "interventions",
-    "interventions_counts": "interventions",
-    "paired": "paired",
-}
-PAGE_TITLES = {
-    "instability": "Instability",
-    "interventions": "Interventions",
-    "paired": "Paired FP32/MX runs",
-}
+# Pages of their own that registered items can ask for (Item.page); the rest: the overview.
+PAGE_TITLES = registry.PAGES
 RUN_COLUMNS = (
     "run_id",
     "budget",
@@ -156,10 +146,20 @@ class Site:
     classified: pd.DataFrame
     pngs: list[Path]
     tables: list[Path]  # the .csv of each table
-    skipped: list[str]
+    analysis: Analysis
     pages: list[str]  # the extra pages present (instability, interventions, paired)
     run_pages: dict[str, str]  # run id -> page path relative to out
     config_pages: dict[str, str]
+
+    @property
+    def item_of(self) -> dict[str, Item]:
+        """File stem -> the registered item that wrote it."""
+        return {p.stem: item for item, paths in self.analysis.made for p in paths}
+
+    def page_of(self, path: Path) -> str | None:
+        """The page a figure/table is shown on (None: the overview)."""
+        item = self.item_of.get(path.stem)
+        return item.page if item else None
 
     def nav(self, root: str) -> str:
         links = [("index.html", "Overview")]
@@ -217,12 +217,14 @@ def _title_and_note(csv: Path) -> tuple[str, str]:
     return title, " ".join(after)
 
 
-def _figure(png: Path, root: str) -> str:
+def _figure(site: Site, png: Path, root: str) -> str:
     pdf = png.with_suffix(".pdf")
     rel = png.name if not root else f"{root}{png.name}"
     extra = f' (<a href="{root}{pdf.name}">PDF</a>)' if pdf.is_file() else ""
+    item = site.item_of.get(png.stem)
+    about = f'<p class="note">{html.escape(item.description)}</p>' if item else ""
     return (
-        f'<h2 id="fig-{png.stem}">{png.stem}</h2><figure><img src="{html.escape(rel)}" '
+        f'<h2 id="fig-{png.stem}">{png.stem}</h2>{about}<figure><img src="{html.escape(rel)}" '
         f'alt="{png.stem}"><figcaption>{png.name}{extra}</figcaption></figure>'
     )
 
@@ -330,10 +332,8 @@ def _write_config_pages(site: Site) -> None:
 
 def _write_topic_pages(site: Site) -> None:
     for page in site.pages:
-        body = "".join(_figure(p, "") for p in site.pngs if PAGE_OF.get(p.stem) == page)
-        body += "".join(
-            _table_section(site, c, "") for c in site.tables if PAGE_OF.get(c.stem) == page
-        )
+        body = "".join(_figure(site, p, "") for p in site.pngs if site.page_of(p) == page)
+        body += "".join(_table_section(site, c, "") for c in site.tables if site.page_of(c) == page)
         if page == "instability":
             note = (
                 f"{len(site.run_pages)} unstable run(s) with logged curves have a page"
@@ -350,26 +350,42 @@ def _write_topic_pages(site: Site) -> None:
 
 def _write_index(site: Site) -> Path:
     body = _status_section(site)
-    body += "".join(_figure(p, "") for p in site.pngs if p.stem not in PAGE_OF)
-    body += "".join(_table_section(site, c, "") for c in site.tables if c.stem not in PAGE_OF)
+    body += "".join(_figure(site, p, "") for p in site.pngs if site.page_of(p) is None)
+    body += "".join(_table_section(site, c, "") for c in site.tables if site.page_of(c) is None)
     configs = "".join(
         f'<li><a href="{page}">{html.escape(config)}</a></li>'
         for config, page in site.config_pages.items()
     )
     body += f'<h2 id="configurations">Configurations</h2><ul>{configs}</ul>'
-    if site.skipped:
-        items = "".join(f"<li>{html.escape(s)}</li>" for s in site.skipped)
+    body += '<h2 id="contents">Plots and tables</h2>' + html_table(_contents(site))
+    if site.analysis.skipped:
+        items = "".join(
+            f"<li>{html.escape(f'{item.name}: {why}')}</li>" for item, why in site.analysis.skipped
+        )
         body += f"<h2>Skipped</h2><ul>{items}</ul>"
     body += '<p class="note">Markdown index of the same files: <a href="index.md">index.md</a></p>'
     return site.write("index.html", f"Report: {site.src.label}", body)
 
 
-def _skipped(index_md: Path) -> list[str]:
-    """The reasons analyze() listed under "## Skipped" in its index.md."""
-    lines = index_md.read_text().splitlines()
-    if "## Skipped" not in lines:
-        return []
-    return [line[2:] for line in lines[lines.index("## Skipped") + 1 :] if line.startswith("- ")]
+def _contents(site: Site) -> pd.DataFrame:
+    """Every registered plot and table: what it shows, what it needs, which files it wrote."""
+    written = {(item.kind, item.name): paths for item, paths in site.analysis.made}
+    why = {(item.kind, item.name): reason for item, reason in site.analysis.skipped}
+    rows = []
+    for kind in registry.KINDS:
+        for item in registry.items(kind):
+            key = (kind, item.name)
+            files = ", ".join(p.name for p in written.get(key, []) if p.suffix in (".png", ".csv"))
+            rows.append(
+                {
+                    "kind": kind,
+                    "name": item.name,
+                    "description": item.description,
+                    "needs": item.needs.describe(),
+                    "files": files if key in written else f"skipped: {why.get(key, '')}",
+                }
+            )
+    return pd.DataFrame(rows)
 
 
 def write_report(
@@ -381,20 +397,13 @@ def write_report(
     Raises ValueError (from the loaders) for a folder with no runs.
     """
     src = load_source(sweep_dir, paper)
+    src.n_boot = n_boot
     out = Path(out_dir)
-    paths = analyze(
-        sweep_dir,
-        paper=paper,
-        plots=["all"],
-        tables=["all"],
-        out_dir=out,
-        n_boot=n_boot,
-        source=src,
-    )
-    pngs = [p for p in paths if p.suffix == ".png"]
-    tables = [p for p in paths if p.suffix == ".csv"]
-    stems = {p.stem for p in pngs} | {p.stem for p in tables}
-    pages = [p for p in PAGE_TITLES if p in {PAGE_OF[s] for s in stems if s in PAGE_OF}]
+    analysis = analyze_items(src, ["all"], ["all"], out)
+    pngs = [p for p in analysis.paths if p.suffix == ".png"]
+    tables = [p for p in analysis.paths if p.suffix == ".csv"]
+    used = {item.page for item, _ in analysis.made if item.page}
+    pages = [p for p in PAGE_TITLES if p in used]
     classified = src.classified()
     config_pages: dict[str, str] = {}
     for config in config_order(set(classified["config"])):
@@ -411,7 +420,7 @@ def write_report(
         classified,
         pngs,
         tables,
-        _skipped(out / "index.md"),
+        analysis,
         pages,
         run_pages={},
         config_pages=config_pages,

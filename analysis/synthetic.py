@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
@@ -178,3 +179,74 @@ def write_synthetic_sweep(
                         )
                     dirs.append(run_dir)
     return dirs
+
+
+# A wide sweep: many runs x steps x metric names, every name logged at every step (the
+# analysis-load benchmark, bench/bench_load.py, and the pushdown tests).
+WIDE_NAMES = ("train/loss", "val/loss", "optim/grad_norm", "optim/lr")
+
+
+def wide_metric_names(n: int) -> list[str]:
+    """``n`` metric names: train/loss, val/loss, optimizer and per-layer clip-rate names."""
+    extra = [f"mx/clip/layers.{i // 2}.{('fc1/a', 'ln/weight_clip')[i % 2]}" for i in range(n)]
+    return [*WIDE_NAMES, *extra][:n]
+
+
+def _wide_run_id(index: int) -> str:
+    return f"fp8_e4m3_fp8_e4m3-{1e12 * 1.5 ** (index % 10):.3e}-64-{index // 10}"
+
+
+def _write_wide_runs(sweep_dir: Path, indices: range, steps: int, n_names: int, seed: int) -> None:
+    """Write the run folders ``indices``: JSON records and one metrics part each."""
+    names = wide_metric_names(n_names)
+    step = np.repeat(np.arange(steps, dtype=np.int64) * 10, len(names))
+    n_rows = len(step)
+    base = {
+        "step": step,
+        "tokens": step * 4096,
+        "flops": step * 4096 * 6e6,
+        "name": pa.DictionaryArray.from_arrays(
+            np.tile(np.arange(len(names), dtype=np.int32), steps), names
+        ),
+    }
+    wall = 1.7e9 + step * 0.05
+    rng = np.random.default_rng(seed)
+    zeros = np.zeros(n_rows, np.int32)
+    for index in indices:
+        rid = _wide_run_id(index)
+        run_dir = sweep_dir / "runs" / rid
+        (run_dir / "metrics").mkdir(parents=True, exist_ok=True)
+        spec = {"precision": {"w_fmt": "fp8_e4m3", "a_fmt": "fp8_e4m3"}, "seed": index // 10}
+        summary = {"run_id": rid, "state": "done", "n_params": 1e6, "tokens": 4e9, "flops": 2.4e16,
+                   "budget": 1e12 * 1.5 ** (index % 10), "final_val_loss": 3.0,
+                   "min_val_loss": 2.9, "d_model": 64, "n_layers": 1}  # fmt: skip
+        (run_dir / "spec.json").write_text(json.dumps(spec))
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+        columns = {
+            "run_id": pa.DictionaryArray.from_arrays(zeros, [rid]).cast(pa.string()),
+            **base,
+            "value": 3.0 + rng.random(n_rows),
+            "wall_time": wall,
+        }
+        table = pa.table(columns, schema=metrics_schema())
+        pq.write_table(table, run_dir / "metrics" / "part-00000.parquet")
+
+
+def write_wide_sweep(sweep_dir: Path, runs: int, steps: int, names: int, workers: int = 1) -> None:
+    """Write ``runs`` finished run folders with ``steps`` x ``names`` metric rows each (in
+    ``workers`` child processes; 1: in this process)."""
+    if workers <= 1:
+        _write_wide_runs(Path(sweep_dir), range(runs), steps, names, 0)
+        return
+    ctx = get_context("spawn")
+    chunks = [range(i, runs, workers) for i in range(workers)]
+    children = [
+        ctx.Process(target=_write_wide_runs, args=(Path(sweep_dir), chunk, steps, names, i))
+        for i, chunk in enumerate(chunks)
+    ]
+    for child in children:
+        child.start()
+    for child in children:
+        child.join()
+    if any(child.exitcode for child in children):
+        raise RuntimeError("generating the sweep failed in a child process")

@@ -6,6 +6,7 @@ Every ``*_table`` returns a DataFrame; :func:`write_table` writes it as CSV and 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -13,8 +14,12 @@ import pandas as pd
 from analysis.configs import BASELINE, config_order
 from analysis.instability import frequency_table
 from analysis.isoflop import IsoFlopFit
-from analysis.joint import JointFit
+from analysis.joint import JointFit, fit_joint, leave_one_budget_out
 from analysis.laws import ConfigLaw
+from analysis.registry import CURVES, table
+
+if TYPE_CHECKING:
+    from analysis.report import Source
 
 
 def to_markdown(frame: pd.DataFrame, floatfmt: str = ".4g") -> str:
@@ -194,3 +199,81 @@ def joint_table(fit: JointFit) -> tuple[pd.DataFrame, str]:
         "f < 1: the format behaves like a model with f times fewer parameters."
     )
     return frame, note
+
+
+# The registered tables (analysis.registry): what `sweep analyze --table` offers.
+@table("fits", "L(N, D), L(C), joint-law and leave-one-budget-out fits per configuration")
+def _fits(src: Source, out_dir: Path) -> list[Path]:
+    target = 10 * float(src.runs["budget"].max())
+    title = f"fits per configuration (95% bootstrap CI; target C = {target:.3g})"
+    nd_laws = {"chinchilla": src.chinchilla_laws, "kaplan": src.kaplan_laws}
+    paths = write_table(
+        forms_table(nd_laws, target), out_dir, "fits_chinchilla", f"L(N, D) {title}"
+    )
+    paths += write_table(
+        fits_table(src.compute_laws, target), out_dir, "fits_compute", f"L(C) {title}"
+    )
+    joint, note = joint_table(fit_joint(src.runs))
+    paths += write_table(
+        joint,
+        out_dir,
+        "fits_joint",
+        "Joint precision-aware law L = E + A/(N f)^alpha + B/D^beta",
+        note,
+    )
+    return paths + write_table(
+        leave_one_budget_out(src.runs),
+        out_dir,
+        "fits_lobo",
+        "Leave-one-budget-out error: per-configuration vs joint law (mean |pred/actual - 1|)",
+    )
+
+
+@table("instability", "unstable / total runs per budget and per d_model", CURVES, "instability")
+def _instability(src: Source, out_dir: Path) -> list[Path]:
+    classified = src.classified()
+    t = src.thresholds
+    note = (
+        f"Unstable = diverged, final - best val loss > {t.tau}, or a "
+        f"{t.ma_window}-point moving-average loss rise > {t.ma_slope} per point."
+    )
+    paths = write_table(
+        instability_table(classified),
+        out_dir,
+        "instability",
+        "Unstable / total runs per compute budget",
+        note,
+    )
+    by_shape = instability_table(classified, by=("config", "d_model"))
+    return paths + write_table(
+        by_shape, out_dir, "instability_by_shape", "Unstable / total runs per d_model", note
+    )
+
+
+@table("mitigations", "validation-loss delta of each configuration vs bf16_bf16, matched on N, D")
+def _mitigations(src: Source, out_dir: Path) -> list[Path]:
+    return write_table(
+        mitigations_table(src.runs),
+        out_dir,
+        "mitigations",
+        "Validation-loss delta vs bf16_bf16, matched on N and D",
+    )
+
+
+@table("isoflop", "IsoFLOP exponent a (N_opt ∝ C^a) vs the Chinchilla fit's, per configuration")
+def _isoflop(src: Source, out_dir: Path) -> list[Path]:
+    target = 10 * float(src.runs["budget"].max())
+    paths = write_table(
+        isoflop_table(src.isoflop_fits, src.chinchilla_laws, target),
+        out_dir,
+        "isoflop",
+        f"IsoFLOP a (N_opt ∝ C^a) vs Chinchilla beta/(alpha+beta); N_opt at C = {target:.3g}",
+        "Parabolas of min val loss vs log N per budget; a budget whose minimum lies outside "
+        "its sampled N range is left out (see isoflop_budgets). CIs: 95% bootstrap.",
+    )
+    return paths + write_table(
+        isoflop_budgets_table(src.isoflop_fits),
+        out_dir,
+        "isoflop_budgets",
+        "IsoFLOP parabola minimum per configuration and budget",
+    )

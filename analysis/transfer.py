@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -41,6 +43,10 @@ from analysis.fit import (
 )
 from analysis.joint import JointFit, fit_joint
 from analysis.laws import N_BOOT, lower_envelope, usable
+from analysis.registry import table
+
+if TYPE_CHECKING:
+    from analysis.report import Source
 
 LOSS = "final_val_loss"
 LOG_K_BOUNDS = (-20.0, 20.0)
@@ -667,4 +673,43 @@ def headline(result: HeldOut) -> str:
         f"{errors('fully MX')}); closest of the three: {closest}; the observed loss leaves the "
         f"transfer interval in {int(result.table['departed'].sum())} of {n}, first at "
         f"{firsts or 'no budget'}."
+    )
+
+
+@table("transfer", "held-out predictions vs --base: transfer, own L(C) and joint law (--cutoff)")
+def _tables(src: Source, out_dir: Path) -> list[Path]:
+    from analysis.tables import write_table
+
+    result = src.held_out
+    cut = f"budgets <= {result.cutoff:.3g}"
+    note = (
+        f"Fitted on {cut}; every budget above is predicted ({result.base}'s observed loss "
+        "there is the transfer's input). "
+        "observed: lowest final val loss at the budget; transfer: "
+        f"K(L_{result.base} - E_1)^kappa + E_2 with its 95% bootstrap CI; own: the "
+        "configuration's own L(C); joint: the joint precision law at the best of the budget's "
+        "(N, D) points; departed: observed above transfer_hi."
+    )
+    paths = write_table(
+        result.table, out_dir, "transfer", f"Held-out predictions vs {result.base}", note
+    )
+    paths += write_table(
+        summary(result.table),
+        out_dir,
+        "transfer_summary",
+        f"Held-out relative error per method ({cut})",
+        "closest: rows where the method is nearest the observed loss; in_interval: observed "
+        "inside the method's 95% interval. fully MX: MX weights and activations, both passes.",
+    )
+    paths += write_table(
+        departures(result.table),
+        out_dir,
+        "transfer_departures",
+        "First held-out budget where the observed loss exceeds the transfer interval",
+    )
+    return paths + write_table(
+        fits_table(result),
+        out_dir,
+        "transfer_fits",
+        f"Transfer fits L = K(L_{result.base} - E_1)^kappa + E_2 ({cut}; 95% bootstrap CI)",
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -10,7 +11,11 @@ import pandas as pd
 from analysis.configs import config_color
 from analysis.figures import _log_axes, _panels, save
 from analysis.laws import lower_envelope
+from analysis.registry import plot
 from analysis.transfer import LOSS, HeldOut
+
+if TYPE_CHECKING:
+    from analysis.report import Source
 
 
 def plot_transfer(
@@ -57,3 +62,8 @@ def plot_transfer(
         "red x: observed above the interval"
     )
     return save(fig, out_dir, name)
+
+
+@plot("transfer", "held-out test: observed vs transfer/own/joint predictions (--base, --cutoff)")
+def _plot(src: Source, out_dir: Path) -> list[Path]:
+    return plot_transfer(src.runs, src.held_out, out_dir)

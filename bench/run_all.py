@@ -10,6 +10,7 @@ BENCHMARKS = (
     "bench.bench_step",
     "bench.bench_sweep",
     "bench.bench_analysis",
+    "bench.bench_load",
     "bench.bench_recipe",
     "bench.bench_scale",
 )

@@ -17,6 +17,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from typer.core import TyperCommand
 
 from sweep.errors import GridError, SweepError
 from sweep.store import SweepStore
@@ -252,16 +253,34 @@ def run(run_dir: Annotated[Path, typer.Argument(help="one run folder")]) -> None
     raise typer.Exit(execute(run_dir))
 
 
-@app.command()
+class _RegistryHelp(TyperCommand):
+    """`sweep analyze --help`: the --plot/--table names and the catalogue come from
+    analysis.registry, imported only when the help is shown (it imports matplotlib)."""
+
+    def format_help(self, ctx, formatter) -> None:
+        from analysis import registry
+
+        for param in self.params:
+            if param.name in registry.KINDS:
+                param.help = registry.option_help(param.name)
+        sections = [
+            f"{kind.capitalize()}s:\n\n"
+            + "\n\n".join(f"  {line}" for line in registry.catalogue(kind))
+            for kind in registry.KINDS
+        ]
+        self.epilog = "\n\n".join(sections)
+        super().format_help(ctx, formatter)
+
+
+@app.command(cls=_RegistryHelp)
 def analyze(
     sweep_dir: Annotated[Path | None, typer.Argument(help="sweep folder")] = None,
     paper: Annotated[bool, typer.Option(help="use the paper's published runs")] = False,
     plot: Annotated[
-        list[str] | None,
-        typer.Option(help="scaling|contours|curves|instability|frontier|all (repeatable)"),
+        list[str] | None, typer.Option(help="a registered plot or all (repeatable)")
     ] = None,
     table: Annotated[
-        list[str] | None, typer.Option(help="fits|instability|mitigations|all (repeatable)")
+        list[str] | None, typer.Option(help="a registered table or all (repeatable)")
     ] = None,
     out: Annotated[Path | None, typer.Option(help="output folder")] = None,
     base: Annotated[
@@ -305,7 +324,7 @@ def report(
         Path | None, typer.Option(help="output folder (default: SWEEP_DIR/report, figures/paper)")
     ] = None,
 ) -> None:
-    """Write a static HTML report (index.html + figures + sortable tables) of a sweep."""
+    """Write a static HTML report (index.html + every registered figure and sortable table)."""
     from analysis.site import write_report
 
     if (sweep_dir is None) == (not paper):
