@@ -115,6 +115,15 @@ class Journal:
         self._write(intent)
         remove_stray_files(self.store.root, [])
 
+    def cancelled(self, token: str, jobs: list[str], error: BaseException) -> None:
+        """sbatch's answer was lost (a timeout): the jobs found carrying the token were
+        cancelled, so nothing stays queued under it."""
+        intent = self._read(token)
+        intent.update(
+            state=CANCELLED, cancelled_jobs=jobs, error=f"{type(error).__name__}: {error}"
+        )
+        self._write(intent)
+
     def unsettled(self) -> list[dict[str, Any]]:
         """Intents a killed launcher left open or accepted, oldest first."""
         folder = self.store.root / JOURNAL_DIR
