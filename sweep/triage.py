@@ -109,6 +109,8 @@ def cause_of(record: RunRecord, outcome: tuple[str, str] | None) -> str:
         state, exit_code = outcome
         return f"scheduler {state}, exit {describe_exit(exit_code)}"
     reason = marker.get("reason")
+    if record.state == "failed" and marker.get("signal"):
+        return str(reason)  # "killed by signal 9 (out of memory?)": the number is the cause
     if record.state == "failed" and reason:
         return mask(str(reason))
     if record.state == "stale":

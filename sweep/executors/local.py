@@ -24,9 +24,11 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
+from models.atomic import atomic_write_json
 from models.config import RunSpec
 from sweep.executors.base import Submission, die_with_parent, run_command
 from sweep.run import EXIT_PREEMPTED
+from sweep.store import read_json_if_exists
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
 # How long the other ranks get to notice a failed rank (and rank 0 to record the failure)
@@ -202,7 +204,10 @@ class LocalExecutor:
             for run_dir in run_dirs:
                 futures[pool.submit(_run_in_worker, str(run_dir), attempts[run_dir.name])] = run_dir
             pending = set(futures)
+            # The worker processes seen so far: when one dies, its exit code says how.
+            workers: dict[int, multiprocessing.Process] = {}
             while pending:
+                workers.update(getattr(pool, "_processes", None) or {})
                 done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
                 if stop.requested and not stop.forwarded:
                     stop.forward(pool, pending)
@@ -214,10 +219,12 @@ class LocalExecutor:
                         outcome = future.result()
                     except BrokenProcessPool:
                         if _started(run_dir):
+                            record_killed(run_dir, _worker_exit(run_dir, workers))
                             self.on_event("crashed", run_dir.name, None)
                         else:
                             unstarted.append(run_dir)
                         continue
+                    record_killed(run_dir, outcome.exit_code)  # a rank of a multi-process run
                     event = {0: "done", 75: "preempted"}.get(outcome.exit_code, "failed")
                     self.on_event(event, run_dir.name, outcome)
         if stop.requested:
@@ -263,6 +270,29 @@ class _StopRequest:
         for process in list(getattr(pool, "_processes", {}).values()):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(process.pid, signal.SIGTERM)
+
+
+def _worker_exit(run_dir: Path, workers: dict[int, multiprocessing.Process]) -> int | None:
+    """Exit code of the worker that ran ``run_dir`` (its marker names the pid), if known."""
+    marker = read_json_if_exists(run_dir / "state.json") or {}
+    worker = workers.get(int(marker.get("pid") or 0))
+    return None if worker is None else worker.exitcode
+
+
+def record_killed(run_dir: Path, exit_code: int | None) -> None:
+    """Mark a run whose process a signal killed mid-training (the OOM killer's SIGKILL) as
+    failed with that cause; its own marker still says running. SIGTERM is not recorded:
+    the pool sends it to the other workers when one dies, and those runs resume."""
+    if exit_code is None or exit_code >= 0 or -exit_code == signal.SIGTERM:
+        return
+    marker = read_json_if_exists(run_dir / "state.json")
+    if marker is None or marker.get("state") != "running":
+        return
+    signum = -exit_code
+    known = signum in signal.valid_signals()
+    hint = "out of memory?" if signum == signal.SIGKILL else known and signal.Signals(signum).name
+    marker.update(state="failed", signal=signum, reason=f"killed by signal {signum} ({hint})")
+    atomic_write_json(run_dir / "state.json", marker)
 
 
 def _started(run_dir: Path) -> bool:
