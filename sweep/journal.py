@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from models.atomic import atomic_write_json
-from sweep import faults
+from sweep.durable import record_submissions
 from sweep.errors import SweepError
 from sweep.executors.base import Submission
 from sweep.store import SweepStore, read_json_if_exists
@@ -102,9 +102,8 @@ class Journal:
         intent = self._read(token)
         intent.update(state=ACCEPTED, job_ids=[sub.job_id for sub in submissions])
         self._write(intent)
-        for submission in submissions:
-            self.store.record_submission(submission)
-            faults.passed("submitted")
+        # One batch: "recorded" is written only once every submitted.json is durable.
+        record_submissions(self.store, submissions)
         intent["state"] = RECORDED
         self._write(intent)
 

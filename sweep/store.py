@@ -133,7 +133,7 @@ class SweepStore:
         return run_dir
 
     def record_submission(self, submission: Submission) -> None:
-        payload = {**submission.to_json(), "host": socket.gethostname(), "pid": os.getpid()}
+        payload = submission_payload(submission)
         atomic_write_json(self.runs_dir / submission.run_id / "submitted.json", payload)
 
     @contextmanager
@@ -188,6 +188,11 @@ class SweepStore:
         if not spec and state not in TERMINAL_STATES and (marker or submitted):
             state = "incomplete"
         return RunRecord(run_id, run_dir, spec, state, marker, submitted, summary)
+
+
+def submission_payload(submission: Submission) -> dict[str, Any]:
+    """submitted.json's content: the submission and the launcher (host, pid) recording it."""
+    return {**submission.to_json(), "host": socket.gethostname(), "pid": os.getpid()}
 
 
 def with_scheduler(records: list[RunRecord], scheduler: dict[str, str]) -> list[RunRecord]:
