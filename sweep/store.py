@@ -276,7 +276,9 @@ def _is_zombie(pid: int) -> bool:
 def read_json_if_exists(path: Path) -> dict | None:
     """A JSON marker file's content, or None if it is missing, cut short or not an object."""
     try:
-        payload = json.loads(path.read_text())
+        # Bytes straight to json: no text wrapper (status reads ~50,000 of these at 10k runs).
+        with open(path, "rb") as handle:
+            payload = json.loads(handle.read())
     except (FileNotFoundError, NotADirectoryError, UnicodeDecodeError, json.JSONDecodeError):
         return None
     return payload if isinstance(payload, dict) else None
