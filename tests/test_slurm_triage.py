@@ -162,9 +162,10 @@ def test_hung_slurm_run_is_shown_and_cancelled(tmp_path: Path, repo_root: Path):
             "cancel", str(sweep_dir), "--hung", "--hung-after", str(HUNG_AFTER_S), cwd=repo_root
         )
         assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+        assert "cancelled 1 run(s)" in cancel.stdout
         wait_until(lambda: not _job_alive(name), 60, "scancel ends the hung job")
-        after = row()
-        assert after["state"] == "cancelled" and "sweep cancel --hung" in after["reason"]
+        # scancel's SIGCONT + SIGTERM may let the run record its cancellation itself.
+        assert row()["state"] == "cancelled"
     finally:
         subprocess.run(["scancel", "--name", name], check=False)
         if pid is not None:

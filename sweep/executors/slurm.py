@@ -1,4 +1,4 @@
-"""SLURM executor: submitit job arrays chunked under MaxArraySize, requeue on preemption.
+"""SLURM executor: submitit job arrays chunked under the cluster's limits, requeue on preemption.
 
 Each array task runs the run's command as a child process, forwards SIGTERM/SIGUSR2 to it
 and, when the child exits with EX_TEMPFAIL (75: it checkpointed and wants to continue),
