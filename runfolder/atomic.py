@@ -15,6 +15,8 @@ from typing import Any
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
+# mkstemp creates 0600; run files get the mode a plain open() would (others may read them).
+FILE_MODE = 0o666 & ~_UMASK
 
 
 def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
@@ -23,8 +25,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[str], None]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
-    # mkstemp creates 0600; give the file the mode a plain open() would (others may read it).
-    os.chmod(tmp, 0o666 & ~_UMASK)
+    os.chmod(tmp, FILE_MODE)
     try:
         write(tmp)
         with open(tmp, "rb+") as handle:
@@ -41,16 +42,23 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 
 
+def json_text(payload: Any) -> str:
+    """``payload`` as the run folder's JSON files hold it (indented, keys sorted)."""
+    return json.dumps(payload, indent=2, sort_keys=True) + "\n"
+
+
 def atomic_write_json(path: str | os.PathLike, payload: Any) -> Path:
     """Write ``payload`` as indented JSON to ``path`` atomically."""
-    return atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    return atomic_write_text(path, json_text(payload))
 
 
 def read_json(path: str | os.PathLike) -> dict | None:
     """A JSON object file's content, or None if it is missing, unreadable, cut short or not
     an object (a killed writer on a filesystem without atomic rename, outside damage)."""
     try:
-        payload = json.loads(Path(path).read_text())
+        # Bytes straight to json, no text wrapper: status reads ~50,000 of these at 10k runs.
+        with open(path, "rb") as handle:
+            payload = json.loads(handle.read())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
     return payload if isinstance(payload, dict) else None

@@ -164,10 +164,14 @@ def write_spec(run_dir: str | Path | RunPaths, spec_json: str) -> Path:
     return atomic_write_text(run_paths(run_dir).spec, spec_json)
 
 
+def submitted_payload(submission: Submission) -> dict[str, Any]:
+    """submitted.json's content: the submission and the launcher (host, pid) recording it."""
+    return {**submission.to_json(), "host": socket.gethostname(), "pid": os.getpid()}
+
+
 def write_submitted(run_dir: str | Path | RunPaths, submission: Submission) -> Path:
     """Write submitted.json for ``submission``, with the launcher's host and pid."""
-    payload = {**submission.to_json(), "host": socket.gethostname(), "pid": os.getpid()}
-    return atomic_write_json(run_paths(run_dir).submitted, payload)
+    return atomic_write_json(run_paths(run_dir).submitted, submitted_payload(submission))
 
 
 def write_state(run_dir: str | Path | RunPaths, marker: StateMarker) -> Path:

@@ -3,10 +3,11 @@
 ``SWEEP_KILL_AT=<point>-<n>`` kills the process the n-th time it passes ``point``. Points,
 in the order a SLURM launch passes them:
 
-- ``spec``: after writing one run's spec.json
+- ``spec``: after staging one run's spec.json (the batch is committed after the last)
 - ``before-sbatch``: a chunk's intent is recorded, sbatch not called yet
+- ``sbatch-retry``: a try's sbatch failed transiently, the next try not made yet
 - ``after-sbatch``: sbatch accepted the chunk, its job id is not recorded yet
-- ``submitted``: after writing one run's submitted.json
+- ``submitted``: after staging one run's submitted.json (committed after the chunk's last)
 - ``after-chunk``: a chunk is fully recorded
 
 Unset (the normal case), ``passed`` costs one dictionary lookup.
@@ -20,7 +21,7 @@ import sys
 from collections import Counter
 
 KILL_AT_ENV = "SWEEP_KILL_AT"
-POINTS = ("spec", "before-sbatch", "after-sbatch", "submitted", "after-chunk")
+POINTS = ("spec", "before-sbatch", "sbatch-retry", "after-sbatch", "submitted", "after-chunk")
 _passes: Counter[str] = Counter()
 
 

@@ -33,6 +33,7 @@ from typing import Any
 from runfolder.atomic import atomic_write_json, read_json
 from runfolder.records import Submission
 from sweep import faults
+from sweep.durable import record_submissions
 from sweep.errors import SweepError
 from sweep.store import SweepStore
 
@@ -102,9 +103,8 @@ class Journal:
         intent = self._read(token)
         intent.update(state=ACCEPTED, job_ids=[sub.job_id for sub in submissions])
         self._write(intent)
-        for submission in submissions:
-            self.store.record_submission(submission)
-            faults.passed("submitted")
+        # One batch: "recorded" is written only once every submitted.json is durable.
+        record_submissions(self.store, submissions)
         intent["state"] = RECORDED
         self._write(intent)
 
@@ -114,6 +114,15 @@ class Journal:
         intent.update(state=FAILED, error=f"{type(error).__name__}: {error}")
         self._write(intent)
         remove_stray_files(self.store.root, [])
+
+    def cancelled(self, token: str, jobs: list[str], error: BaseException) -> None:
+        """sbatch's answer was lost (a timeout): the jobs found carrying the token were
+        cancelled, so nothing stays queued under it."""
+        intent = self._read(token)
+        intent.update(
+            state=CANCELLED, cancelled_jobs=jobs, error=f"{type(error).__name__}: {error}"
+        )
+        self._write(intent)
 
     def unsettled(self) -> list[dict[str, Any]]:
         """Intents a killed launcher left open or accepted, oldest first."""

@@ -12,6 +12,7 @@ from typing import Any
 from models.config import RunSpec
 from runfolder.records import Submission
 from sweep import faults
+from sweep.durable import record_submissions, write_specs
 from sweep.errors import GridError
 from sweep.executors.base import Executor
 from sweep.grid import Expansion, LaunchSettings, expand_grid, frozen_grid_text, load_grid
@@ -182,9 +183,7 @@ def submit_specs(
     executor = make_executor(executor_name, store, options, specs, grid_launch)
     with store.lock():
         register()
-        for spec in specs:
-            store.write_spec(spec.run_id, spec.model_dump_json(indent=2))
-            faults.passed("spec")
+        write_specs(store, [(spec.run_id, spec.model_dump_json(indent=2)) for spec in specs])
         # What a killed launch left half-submitted is adopted or cancelled before anything
         # is submitted again, so no run is queued twice.
         resolve_open(store, strict=True)
@@ -211,10 +210,10 @@ def submit_specs(
             result.submissions = executor.submit(run_dirs, attempts, journal) if run_dirs else []
             return result
         # Blocking executors: mark the runs as ours while holding the lock, then run them.
-        for run_dir in run_dirs:
-            store.record_submission(
-                Submission(run_dir.name, executor_name, None, attempts[run_dir.name])
-            )
+        record_submissions(
+            store,
+            [Submission(d.name, executor_name, None, attempts[d.name]) for d in run_dirs],
+        )
     if run_dirs:
         result.submissions = executor.submit(run_dirs, attempts)
     return result

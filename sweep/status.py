@@ -239,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             console.print(cost_table(per_config, total), soft_wrap=True)
         if args.runs:
             console.print()
-            console.print(runs_table(rows), soft_wrap=True)
+            print_table(console, runs_table(rows))
         return 0
     report = {
         "counts": state_counts(rows),
@@ -251,6 +251,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "runs": rows,
     }
     return _print(json.dumps(report, indent=2))
+
+
+def print_table(console: Console, table: Text) -> None:
+    """Print a table; off a terminal as its plain text, which is what Rich would print
+    there, without Rich's per-line rendering (~0.5 s for 10,000 runs)."""
+    if console.is_terminal:
+        console.print(table, soft_wrap=True)
+        return
+    console.file.write(table.plain + "\n")
 
 
 def cost_table(per_config: dict[str, Estimate], total: Estimate) -> Text:

@@ -105,12 +105,15 @@ def cause_of(record: RunRecord, outcome: tuple[str, str] | None) -> str:
         return f"diverged at step {_bucket(int(step))}"
     if record.state == "hung":
         return f"no progress since step {marker.get('step', 0)} (process alive)"
+    reason = marker.get("reason")
+    if record.state == "failed" and marker.get("signal"):
+        return str(reason)  # "killed by signal 9 (out of memory?)": the number is the cause
+    # The run's own exception says more than the scheduler's FAILED / exit code 1.
+    if record.state == "failed" and reason:
+        return mask(str(reason))
     if outcome is not None:
         state, exit_code = outcome
         return f"scheduler {state}, exit {describe_exit(exit_code)}"
-    reason = marker.get("reason")
-    if record.state == "failed" and reason:
-        return mask(str(reason))
     if record.state == "stale":
         return "process gone without a final state (killed? out of memory?)"
     return f"{record.state} (no reason recorded)"

@@ -26,7 +26,8 @@ from pathlib import Path
 
 from models.config import RunSpec
 from runfolder.codes import EXIT_OK, EXIT_PREEMPTED
-from runfolder.records import Submission
+from runfolder.paths import RunPaths
+from runfolder.records import Submission, read_state, write_state
 from sweep.executors.base import die_with_parent, run_command
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
@@ -203,7 +204,10 @@ class LocalExecutor:
             for run_dir in run_dirs:
                 futures[pool.submit(_run_in_worker, str(run_dir), attempts[run_dir.name])] = run_dir
             pending = set(futures)
+            # The worker processes seen so far: when one dies, its exit code says how.
+            workers: dict[int, multiprocessing.Process] = {}
             while pending:
+                workers.update(getattr(pool, "_processes", None) or {})
                 done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
                 if stop.requested and not stop.forwarded:
                     stop.forward(pool, pending)
@@ -215,10 +219,12 @@ class LocalExecutor:
                         outcome = future.result()
                     except BrokenProcessPool:
                         if _started(run_dir):
+                            record_killed(run_dir, _worker_exit(run_dir, workers))
                             self.on_event("crashed", run_dir.name, None)
                         else:
                             unstarted.append(run_dir)
                         continue
+                    record_killed(run_dir, outcome.exit_code)  # a rank of a multi-process run
                     events = {EXIT_OK: "done", EXIT_PREEMPTED: "preempted"}
                     event = events.get(outcome.exit_code, "failed")
                     self.on_event(event, run_dir.name, outcome)
@@ -267,5 +273,28 @@ class _StopRequest:
                 os.kill(process.pid, signal.SIGTERM)
 
 
+def _worker_exit(run_dir: Path, workers: dict[int, multiprocessing.Process]) -> int | None:
+    """Exit code of the worker that ran ``run_dir`` (its marker names the pid), if known."""
+    marker = read_state(run_dir) or {}
+    worker = workers.get(int(marker.get("pid") or 0))
+    return None if worker is None else worker.exitcode
+
+
+def record_killed(run_dir: Path, exit_code: int | None) -> None:
+    """Mark a run whose process a signal killed mid-training (the OOM killer's SIGKILL) as
+    failed with that cause; its own marker still says running. SIGTERM is not recorded:
+    the pool sends it to the other workers when one dies, and those runs resume."""
+    if exit_code is None or exit_code >= 0 or -exit_code == signal.SIGTERM:
+        return
+    marker = read_state(run_dir)
+    if marker is None or marker.get("state") != "running":
+        return
+    signum = -exit_code
+    known = signum in signal.valid_signals()
+    hint = "out of memory?" if signum == signal.SIGKILL else known and signal.Signals(signum).name
+    marker.update(state="failed", signal=signum, reason=f"killed by signal {signum} ({hint})")
+    write_state(run_dir, marker)
+
+
 def _started(run_dir: Path) -> bool:
-    return (run_dir / "state.json").exists()
+    return RunPaths(run_dir).state.exists()

@@ -1,4 +1,4 @@
-"""SLURM executor: submitit job arrays chunked under MaxArraySize, requeue on preemption.
+"""SLURM executor: submitit job arrays chunked under the cluster's limits, requeue on preemption.
 
 Each array task runs the run's command as a child process, forwards SIGTERM/SIGUSR2 to it
 and, when the child exits with EXIT_PREEMPTED (75: it checkpointed and wants to continue),
@@ -11,6 +11,8 @@ requeues the job. Runs with different layouts go to different arrays.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 import re
 import shlex
@@ -96,17 +98,6 @@ def slurm_available() -> bool:
         return False
     ping = _scheduler(["scontrol", "ping"])
     return ping.returncode == 0 and "UP" in ping.stdout
-
-
-def read_max_array_size() -> int:
-    """MaxArraySize of the cluster, from `scontrol show config`."""
-    config = _scheduler(["scontrol", "show", "config"])
-    if config.returncode != 0:
-        raise SlurmUnavailableError(f"`scontrol show config` failed: {config.stderr.strip()}")
-    match = re.search(r"^MaxArraySize\s*=\s*(\d+)", config.stdout, re.MULTILINE)
-    if match is None:
-        raise SlurmUnavailableError("`scontrol show config` has no MaxArraySize line")
-    return int(match.group(1))
 
 
 def chunk_runs(items: Sequence[Any], max_array_size: int) -> list[list[Any]]:
@@ -329,44 +320,26 @@ class SlurmExecutor:
         """
         if not run_dirs:
             return []
-        import submitit  # imported here: it is only needed where sbatch exists
+        from sweep.executors.slurm_limits import read_submit_limits, submit_chunk, waves
 
-        from sweep.journal import intent_path, new_token
-
-        limit = self.max_array_size or read_max_array_size()
+        limits = read_submit_limits(self.parameters.get("account"), self.parameters.get("qos"))
+        if self.max_array_size:
+            limits = dataclasses.replace(limits, max_array_size=self.max_array_size)
         by_layout: dict[TaskLayout | None, list[Path]] = {}
         for run_dir in run_dirs:
             by_layout.setdefault(self.layouts.get(run_dir.name), []).append(run_dir)
-        chunks = [
-            (layout, chunk)
-            for layout, group in by_layout.items()
-            for chunk in chunk_runs(group, limit)
-        ]
         submissions: list[Submission] = []
-        for index, (layout, chunk) in enumerate(chunks, start=1):
+        # Chunks fit MaxArraySize and the room MaxSubmitJobs/MaxJobCount leave; a full
+        # queue is waited out (sweep.executors.slurm_limits).
+        chunks = waves(list(by_layout.items()), limits)
+        for index, (layout, chunk, estimated) in enumerate(chunks, start=1):
             chunk_attempts = [attempts.get(run_dir.name, 1) for run_dir in chunk]
             runs = [
                 (run_dir.name, attempt)
                 for run_dir, attempt in zip(chunk, chunk_attempts, strict=True)
             ]
-            token = journal.open(runs, index, len(chunks)) if journal else new_token()
-            faults.passed("before-sbatch")
-            executor = submitit.SlurmExecutor(folder=self.folder)
-            executor.update_parameters(
-                **self._tagged(self._parameters(layout), token, intent_path(self.sweep_dir, token)),
-                array_parallelism=self.array_parallelism or len(chunk),
-            )
-            try:
-                jobs = executor.map_array(
-                    run_array_task,
-                    [self.command(run_dir) for run_dir in chunk],
-                    [str(run_dir) for run_dir in chunk],
-                    chunk_attempts,
-                )
-            except Exception as err:
-                if journal:
-                    journal.failed(token, err)
-                raise
+            sbatch = functools.partial(self._sbatch, layout, chunk, chunk_attempts)
+            token, jobs = submit_chunk(journal, runs, index, estimated, sbatch, self.sweep_dir)
             faults.passed("after-sbatch")
             chunk_subs = [
                 Submission(run_dir.name, self.name, job.job_id, attempt, token=token)
@@ -379,7 +352,7 @@ class SlurmExecutor:
                 self.on_chunk(
                     ChunkSubmitted(
                         index,
-                        len(chunks),
+                        estimated,
                         jobs[0].job_id.split("_")[0],
                         len(chunk),
                         len(submissions),
@@ -388,6 +361,27 @@ class SlurmExecutor:
                 )
             faults.passed("after-chunk")
         return submissions
+
+    def _sbatch(
+        self, layout: TaskLayout | None, chunk: list[Path], attempts: list[int], token: str
+    ) -> list[Any]:
+        """One sbatch of ``chunk`` as an array whose jobs carry ``token``; its submitit jobs."""
+        import submitit  # imported here: it is only needed where sbatch exists
+
+        from sweep.journal import intent_path
+
+        faults.passed("before-sbatch")
+        executor = submitit.SlurmExecutor(folder=self.folder)
+        executor.update_parameters(
+            **self._tagged(self._parameters(layout), token, intent_path(self.sweep_dir, token)),
+            array_parallelism=self.array_parallelism or len(chunk),
+        )
+        return executor.map_array(
+            run_array_task,
+            [self.command(run_dir) for run_dir in chunk],
+            [str(run_dir) for run_dir in chunk],
+            attempts,
+        )
 
     @staticmethod
     def _tagged(params: dict[str, Any], token: str, intent: Path) -> dict[str, Any]:
