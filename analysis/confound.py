@@ -10,7 +10,6 @@ step (loss spike, moving-average rise or divergence; analysis.interventions.trou
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -18,26 +17,21 @@ import pandas as pd
 
 from analysis.interventions import loss_curves, trouble_step
 from analysis.load import run_dirs
+from runfolder.atomic import read_json
+from runfolder.paths import SPEC_FILE, SUMMARY_FILE
 
 # The study's four arms, in the order they are shown.
 CONFIGS = ("fp32", "fp32_frozen_ln_bias", "mx_paper", "mx_trained_ln_bias")
-
-
-def _read(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
 
 
 def confound_runs(sweep_dir: Path) -> pd.DataFrame:
     """One row per unbranched run: config, seed, state, diverged, trouble_step, losses."""
     rows = []
     for run_dir in run_dirs(sweep_dir):
-        spec = _read(run_dir / "spec.json")
+        spec = read_json(run_dir / SPEC_FILE) or {}
         if not spec or spec.get("branch"):
             continue
-        summary = _read(run_dir / "summary.json")
+        summary = read_json(run_dir / SUMMARY_FILE) or {}
         rows.append(
             {
                 "run_id": run_dir.name,

@@ -13,7 +13,6 @@ compared with the parent's:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +20,8 @@ import pandas as pd
 
 from analysis.instability import Thresholds, curve_instability
 from analysis.load import load_metrics, run_dirs
+from runfolder.atomic import read_json
+from runfolder.paths import SPEC_FILE, SUMMARY_FILE
 
 OUTCOMES = ("diverged", "delayed", "averted", "stable")
 DELAY_FRACTION = 0.25
@@ -33,11 +34,11 @@ def load_branches(sweep_dir: Path) -> pd.DataFrame:
     """One row per branched run: run_id, parent, step, arm and its summary's losses."""
     rows = []
     for run_dir in run_dirs(sweep_dir):
-        spec = _read(run_dir / "spec.json")
+        spec = read_json(run_dir / SPEC_FILE) or {}
         branch = spec.get("branch")
         if not branch:
             continue
-        summary = _read(run_dir / "summary.json")
+        summary = read_json(run_dir / SUMMARY_FILE) or {}
         rows.append(
             {
                 "run_id": run_dir.name,
@@ -51,13 +52,6 @@ def load_branches(sweep_dir: Path) -> pd.DataFrame:
         )
     columns = ["run_id", "parent", "branch_step", "arm", "state", "steps_done", "final_val_loss"]
     return pd.DataFrame(rows, columns=columns)
-
-
-def _read(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
 
 
 def loss_curves(sweep_dir: Path, run_ids: list[str]) -> dict[str, pd.Series]:

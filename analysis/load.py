@@ -19,6 +19,10 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from analysis.configs import parse_config
+from runfolder.atomic import read_json
+from runfolder.label import precision_label
+from runfolder.metrics import GRAD_NORM, METRIC_COLUMNS, TRAIN_LOSS, metrics_schema
+from runfolder.paths import RunPaths, visible
 
 RUN_COLUMNS = (
     "run_id",
@@ -39,35 +43,12 @@ RUN_COLUMNS = (
     "seed",
     "source",
 )
-# The writer's schema (models.metrics.SCHEMA) restated: analysis must not import models/torch.
-# tests/test_analysis_load.py keeps the two equal.
-METRICS_SCHEMA = pa.schema(
-    [
-        ("run_id", pa.string()),
-        ("step", pa.int64()),
-        ("tokens", pa.int64()),
-        ("flops", pa.float64()),
-        ("name", pa.dictionary(pa.int32(), pa.string())),
-        ("value", pa.float64()),
-        ("wall_time", pa.float64()),
-    ]
-)
-METRIC_COLUMNS = tuple(METRICS_SCHEMA.names)
 # The paper logs "finished/crashed/running"; map onto this project's run states.
 _PAPER_STATES = {"finished": "done", "crashed": "failed", "running": "running"}
 
 
 def _data_path(name: str) -> Path:
     return Path(str(resources.files("analysis") / "data" / name))
-
-
-def _visible(path: Path) -> bool:
-    # Writers leave '.'/'_'-prefixed temp files until an atomic rename completes.
-    return not path.name.startswith((".", "_"))
-
-
-def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def _finish(frame: pd.DataFrame) -> pd.DataFrame:
@@ -129,7 +110,7 @@ def load_paper_curves(path: Path | None = None) -> pd.DataFrame:
     raw = pd.read_csv(path or _data_path("train_curves.csv"))
     parts = []
     for row in raw.itertuples(index=False):
-        for column, name in (("loss_curve", "train/loss"), ("grad_norm_curve", "optim/grad_norm")):
+        for column, name in (("loss_curve", TRAIN_LOSS), ("grad_norm_curve", GRAD_NORM)):
             values = np.asarray(json.loads(getattr(row, column)), dtype=float)
             parts.append(
                 pd.DataFrame(
@@ -147,13 +128,14 @@ def load_paper_curves(path: Path | None = None) -> pd.DataFrame:
 
 
 def _sweep_run_row(run_dir: Path) -> dict:
-    spec = _read_json(run_dir / "spec.json")
-    state = _read_json(run_dir / "state.json")
-    summary = _read_json(run_dir / "summary.json")
+    paths = RunPaths(run_dir)
+    spec = read_json(paths.spec) or {}
+    state = read_json(paths.state) or {}
+    summary = read_json(paths.summary) or {}
     if not spec and not summary:
         raise ValueError(f"{run_dir} has neither spec.json nor summary.json")
     precision = spec.get("precision", {})
-    config = summary.get("config") or _label(precision)
+    config = summary.get("config") or precision_label(precision)
     model = spec.get("model", {})
     return {
         "run_id": summary.get("run_id", run_dir.name),
@@ -185,31 +167,10 @@ def _float(value: object) -> float:
     return np.nan if value is None else float(value)
 
 
-def _label(precision: dict) -> str:
-    """Configuration name from a spec's precision block (same rule as PrecisionSpec.label)."""
-    name = f"{precision.get('w_fmt', 'fp32')}_{precision.get('a_fmt', 'fp32')}"
-    if precision.get("quantize_backward") is False:
-        name += "_quantize_only_fwd"
-    if precision.get("block_size", 32) != 32:
-        name += f"_block_size_{precision['block_size']}"
-    if precision.get("rounding") == "stochastic":
-        name += "_sr"
-    elif precision.get("grad_rounding") == "stochastic":
-        name += "_sr_grad"
-    if precision.get("hadamard_wgrad"):
-        name += "_rht"
-    if precision.get("keep_bf16"):
-        name += f"_keep_bf16_{len(precision['keep_bf16'])}"
-    nvfp4_weights = "nvfp4" in (precision.get("w_fmt"), precision.get("bwd_w_fmt"))
-    if nvfp4_weights and precision.get("nvfp4_weight_block", "16x16") != "16x16":
-        name += "_w1x16"
-    return name
-
-
 def run_dirs(sweep_dir: Path) -> list[Path]:
     """Run folders of a sweep, raising ValueError when there are none."""
     runs = Path(sweep_dir) / "runs"
-    found = sorted(p for p in runs.iterdir() if p.is_dir() and _visible(p)) if runs.is_dir() else []
+    found = sorted(p for p in runs.iterdir() if p.is_dir() and visible(p)) if runs.is_dir() else []
     if not found:
         raise ValueError(
             f"no runs in sweep folder {sweep_dir} (expected {runs}/<run_id>/spec.json)"
@@ -226,7 +187,7 @@ def load_sweep_runs(sweep_dir: Path) -> pd.DataFrame:
 def metric_files(sweep_dir: Path) -> list[Path]:
     """All visible metrics Parquet parts of a sweep."""
     parts = Path(sweep_dir).glob("runs/*/metrics/*.parquet")
-    return sorted(p for p in parts if _visible(p) and _visible(p.parent.parent))
+    return sorted(p for p in parts if visible(p) and visible(p.parent.parent))
 
 
 def load_metrics(
@@ -241,7 +202,7 @@ def load_metrics(
     if not files:
         return pd.DataFrame({c: pd.Series(dtype=object) for c in METRIC_COLUMNS})
     # An explicit schema lets parts written with a plain-string ``name`` load alongside the rest.
-    dataset = ds.dataset([str(f) for f in files], format="parquet", schema=METRICS_SCHEMA)
+    dataset = ds.dataset([str(f) for f in files], format="parquet", schema=metrics_schema())
     condition = None
     for column, allowed in (("name", names), ("run_id", run_ids)):
         if allowed is not None:

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from analysis.configs import parse_config
-from analysis.load import METRICS_SCHEMA
+from runfolder.metrics import metrics_schema
 
 VOCAB = 256
 SEQ_LEN = 64
@@ -65,7 +65,7 @@ def write_metrics(
                     "value": np.asarray(values, float),
                     "wall_time": steps * 0.01,
                 },
-                schema=METRICS_SCHEMA,
+                schema=metrics_schema(),
             )
         )
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -14,8 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from models.checkpoint import checkpoint_path, checkpoint_steps, load_checkpoint
+from models.checkpoint import load_checkpoint
 from models.config import Branch, RunSpec
+from runfolder.paths import checkpoint_path, checkpoint_steps
 
 
 def branch_start_state(

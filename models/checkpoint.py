@@ -1,4 +1,5 @@
-"""Training checkpoints: atomic files named by step, newest first on load, a few kept."""
+"""Training checkpoints: atomic files named by step (runfolder.paths), newest first on load,
+a few kept."""
 
 from __future__ import annotations
 
@@ -8,16 +9,8 @@ from typing import Any
 
 import torch
 
-from models.atomic import atomic_write
-from models.checkpoint_files import checkpoint_path, checkpoint_steps
-
-__all__ = [
-    "checkpoint_path",
-    "checkpoint_steps",
-    "load_checkpoint",
-    "load_latest",
-    "save_checkpoint",
-]
+from runfolder.atomic import atomic_write
+from runfolder.paths import checkpoint_path, checkpoint_steps
 
 
 def save_checkpoint(

@@ -22,6 +22,7 @@ from pydantic import (
 
 from models.flops import lm_param_count, proxy_param_count
 from mx.spec import PrecisionSpec, check_format
+from runfolder.label import config_label
 
 
 class _Frozen(BaseModel):
@@ -360,6 +361,12 @@ class RunSpec(_Frozen):
                 f"{batch // world} (batch_size={batch} over {world} processes)"
             )
         return self
+
+    @property
+    def label(self) -> str:
+        """The configuration label (runfolder.label.config_label): tags.config, else the
+        precision's name."""
+        return config_label({"tags": self.tags, "precision": self.precision.model_dump()})
 
     @property
     def tokens_per_step(self) -> int:

@@ -1,40 +1,17 @@
-"""The run's step metrics: one long table, buffered in memory, flushed as atomic Parquet parts."""
+"""The run's step metrics: one long table (schema: runfolder.metrics), buffered in memory,
+flushed as atomic Parquet parts."""
 
 from __future__ import annotations
 
-import re
 import time
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from models.atomic import atomic_write
-
-SCHEMA = pa.schema(
-    [
-        ("run_id", pa.string()),
-        ("step", pa.int64()),
-        ("tokens", pa.int64()),
-        ("flops", pa.float64()),
-        ("name", pa.dictionary(pa.int32(), pa.string())),
-        ("value", pa.float64()),
-        ("wall_time", pa.float64()),
-    ]
-)
-_PART = re.compile(r"part-(\d{5})\.parquet")
-
-
-def part_path(metrics_dir: Path, index: int) -> Path:
-    """Path of part number ``index``."""
-    return metrics_dir / f"part-{index:05d}.parquet"
-
-
-def part_indices(metrics_dir: Path) -> list[int]:
-    """Indices of the parts present, ascending (temp files are ignored)."""
-    if not metrics_dir.is_dir():
-        return []
-    return sorted(int(m.group(1)) for p in metrics_dir.iterdir() if (m := _PART.fullmatch(p.name)))
+from runfolder.atomic import atomic_write
+from runfolder.metrics import METRIC_COLUMNS, metrics_schema
+from runfolder.paths import part_indices, part_path
 
 
 def drop_parts_from(metrics_dir: Path, first: int) -> None:
@@ -49,7 +26,7 @@ class MetricsWriter:
 
     def __init__(self, metrics_dir: Path, run_id: str, next_part: int = 0) -> None:
         self.dir, self.run_id, self.next_part = metrics_dir, run_id, next_part
-        self._rows: dict[str, list] = {name: [] for name in SCHEMA.names if name != "run_id"}
+        self._rows: dict[str, list] = {name: [] for name in METRIC_COLUMNS if name != "run_id"}
 
     def log(self, step: int, tokens: int, flops: float, values: dict[str, float]) -> None:
         """Record ``values`` (name -> number) at one step."""
@@ -66,7 +43,7 @@ class MetricsWriter:
         if not n_rows:
             return None
         columns = {"run_id": [self.run_id] * n_rows, **self._rows}
-        table = pa.Table.from_pydict(columns, schema=SCHEMA)
+        table = pa.Table.from_pydict(columns, schema=metrics_schema())
         path = atomic_write(
             part_path(self.dir, self.next_part), lambda tmp: pq.write_table(table, tmp)
         )

@@ -550,7 +550,7 @@ class Trainer:
             else None,
             "entropy_rate": self.data.entropy_rate,
             "unigram_entropy": self.data.unigram_entropy(),
-            "config": spec.tags.get("config", spec.precision.label),
+            "config": spec.label,
             "w_fmt": spec.precision.w_fmt,
             "a_fmt": spec.precision.a_fmt,
             "d_model": m.d_model,

@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
+from runfolder.label import precision_label
+
 MX_FORMATS = ("fp8_e4m3", "fp8_e5m2", "fp6_e3m2", "fp6_e2m3", "fp4_e2m1", "int8")
 # NVIDIA's two-level format: E2M1 elements, 16-blocks, E4M3 block scale, FP32 tensor scale.
 NV_FORMATS = ("nvfp4",)
@@ -122,28 +124,8 @@ class PrecisionSpec(BaseModel):
 
     @property
     def label(self) -> str:
-        """Short configuration name in the paper's style: ``<w>_<a>`` plus variants."""
-        name = f"{self.w_fmt}_{self.a_fmt}"
-        if not self.quantize_backward:
-            name += "_quantize_only_fwd"
-        if self.block_size != 32:
-            name += f"_block_size_{self.block_size}"
-        return name + self._recipe_suffix()
-
-    def _recipe_suffix(self) -> str:
-        # Variants beyond the paper's; empty at the defaults so existing labels stay.
-        suffix = ""
-        if self.rounding == "stochastic":
-            suffix += "_sr"
-        elif self.grad_rounding == "stochastic":
-            suffix += "_sr_grad"
-        if self.hadamard_wgrad:
-            suffix += "_rht"
-        if self.keep_bf16:
-            suffix += f"_keep_bf16_{len(self.keep_bf16)}"
-        if self.nvfp4_weight_block != "16x16" and "nvfp4" in (self.w_fmt, self.bwd_w_fmt):
-            suffix += "_w1x16"
-        return suffix
+        """Short configuration name in the paper's style (runfolder.label.precision_label)."""
+        return precision_label(self.model_dump())
 
     @property
     def is_noop(self) -> bool:

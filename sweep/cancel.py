@@ -6,9 +6,9 @@ import contextlib
 import os
 import signal
 
-from models.atomic import atomic_write_json
+from runfolder.records import write_cancel, write_state
 from sweep.errors import SweepError
-from sweep.store import CANCEL_FILE, RunRecord, SweepStore
+from sweep.store import RunRecord, SweepStore
 
 ACTIVE = ("queued", "running")
 
@@ -41,17 +41,18 @@ def cancel_runs(
 
         SlurmExecutor(store.root).cancel(slurm)
     for record in active:
-        # The request file tells a run that receives SIGTERM to stop as cancelled, not preempted.
-        atomic_write_json(record.run_dir / CANCEL_FILE, {"attempt": record.attempt})
         hung = record.state == "hung"
-        if record.submission.executor != "slurm":
-            _signal_local(record, signal.SIGKILL if hung else signal.SIGTERM)
-        marker = dict(record.marker or {})
         reason = "cancelled by `sweep cancel`"
         if hung:
             reason = f"hung at step {record.step} (no heartbeat); killed by `sweep cancel --hung`"
-        marker.update({"state": "cancelled", "attempt": record.attempt, "reason": reason})
-        atomic_write_json(record.run_dir / "state.json", marker)
+        # The request tells a run that receives SIGTERM to stop as cancelled, not preempted,
+        # and makes the store read the run as cancelled until the run records it itself.
+        write_cancel(record.run_dir, record.attempt, reason)
+        if record.submission.executor != "slurm":
+            _signal_local(record, signal.SIGKILL if hung else signal.SIGTERM)
+        if hung:  # killed outright: the run cannot write its own final marker
+            marker = {**(record.marker or {}), "state": "cancelled", "attempt": record.attempt}
+            write_state(record.run_dir, {**marker, "reason": reason})
     return active
 
 

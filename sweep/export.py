@@ -25,6 +25,8 @@ import numpy as np
 import pandas as pd
 
 from analysis.load import load_metrics, metric_files
+from runfolder.atomic import read_json
+from runfolder.paths import RunPaths
 
 TRACKERS = ("tensorboard", "wandb", "mlflow")
 # The import each backend needs, and what to install when it is missing.
@@ -82,13 +84,10 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, object]:
     return flat
 
 
-def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
 def _fingerprint(run_dir: Path, parts: list[Path]) -> str:
     digest = hashlib.sha256()
-    for path in [run_dir / "spec.json", run_dir / "summary.json", *parts]:
+    paths = RunPaths(run_dir)
+    for path in [paths.spec, paths.summary, *parts]:
         if path.is_file():
             digest.update(path.name.encode())
             digest.update(path.read_bytes())
@@ -102,8 +101,9 @@ def load_run(sweep_dir: Path, run_id: str) -> RunExport | None:
     if not parts:
         return None
     metrics = load_metrics(sweep_dir, run_ids=[run_id])
-    spec = _read_json(run_dir / "spec.json")
-    summary = _read_json(run_dir / "summary.json")
+    paths = RunPaths(run_dir)
+    spec = read_json(paths.spec) or {}
+    summary = read_json(paths.summary) or {}
     label = summary.get("config") or (spec.get("tags") or {}).get("config")
     config = {**flatten(spec), "run_id": run_id, "precision_label": label}
     return RunExport(run_id, config, summary, metrics, _fingerprint(run_dir, parts))
@@ -332,8 +332,8 @@ def export(
     out = Path(out_dir) if out_dir else sweep_dir / "export" / tracker
     out.mkdir(parents=True, exist_ok=True)
     manifest_path = out / MANIFEST
-    manifest = _read_json(manifest_path)
-    name = _read_json(sweep_dir / "sweep.json").get("name") or sweep_dir.resolve().name
+    manifest = read_json(manifest_path) or {}
+    name = (read_json(sweep_dir / "sweep.json") or {}).get("name") or sweep_dir.resolve().name
     backend = _backend(tracker, out, name)
     result = ExportResult(out)
     for run_id in run_ids:

@@ -388,8 +388,7 @@ def _validate_point(
     except ValidationError as err:
         where = ", ".join(f"axes.{axis}[{index}]" for axis, (index, _) in point.items())
         raise GridError(_format_validation(source, err, prefix="base/" + where)) from None
-    config = spec.tags.get("config") or spec.precision.label
-    return spec.model_copy(update={"tags": {**spec.tags, "config": config}})
+    return spec.model_copy(update={"tags": {**spec.tags, "config": spec.label}})
 
 
 def _with_budget_steps(spec: RunSpec, filters: Filters) -> tuple[RunSpec, str | None]:

@@ -121,7 +121,7 @@ def branch_specs(parent_spec: RunSpec, plan: BranchPlan, arms: list[str]) -> lis
     for step in plan.steps:
         for arm in arms:
             # Its own config label keeps branches out of their parent's config in tables.
-            config = f"{parent_spec.tags.get('config', parent_spec.precision.label)}+{arm}@{step}"
+            config = f"{parent_spec.label}+{arm}@{step}"
             tags = {**parent_spec.tags, "config": config, "arm": arm, "parent": plan.parent}
             specs.append(
                 parent_spec.model_copy(

@@ -30,12 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from models.atomic import atomic_write_json
+from runfolder.atomic import atomic_write_json, read_json
+from runfolder.records import Submission
 from sweep import faults
 from sweep.errors import SweepError
-from sweep.executors.base import Submission
 from sweep.executors.slurm import SUBMITIT_FOLDER, SlurmExecutor, cancel_jobs, jobs_by_comment
-from sweep.store import SweepStore, read_json_if_exists
+from sweep.store import SweepStore
 
 JOURNAL_DIR = "submissions"
 COMMENT_PREFIX = "mxscale:"
@@ -125,12 +125,12 @@ class Journal:
         folder = self.store.root / JOURNAL_DIR
         if not folder.is_dir():
             return []
-        intents = [read_json_if_exists(path) for path in folder.glob("*.json")]
+        intents = [read_json(path) for path in folder.glob("*.json")]
         found = [i for i in intents if i is not None and i.get("state") in UNSETTLED]
         return sorted(found, key=lambda i: i.get("created_at", 0.0))
 
     def _read(self, token: str) -> dict[str, Any]:
-        intent = read_json_if_exists(intent_path(self.store.root, token))
+        intent = read_json(intent_path(self.store.root, token))
         if intent is None:
             raise SweepError(f"{intent_path(self.store.root, token)}: intent record missing")
         return intent
@@ -179,7 +179,7 @@ def resolve_open(store: SweepStore, *, strict: bool) -> Resolution:
 def _adopt(store: SweepStore, intent: dict[str, Any]) -> None:
     """Write the submitted.json a killed launcher did not get to (never over a newer one)."""
     for entry, job_id in zip(intent["runs"], intent["job_ids"], strict=True):
-        current = read_json_if_exists(store.runs_dir / entry["run_id"] / "submitted.json")
+        current = read_json(store.runs_dir / entry["run_id"] / "submitted.json")
         if current is not None and current.get("token") == intent["token"]:
             continue
         if current is not None and int(current.get("attempt", 0)) >= entry["attempt"]:

@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from models.config import RunSpec
+from runfolder.records import Submission
 from sweep import faults
 from sweep.errors import GridError
-from sweep.executors.base import Executor, LaunchHooks, Submission
+from sweep.executors.base import Executor, LaunchHooks
 from sweep.executors.registry import executor_class, resolve_executor_name
 from sweep.grid import Expansion, LaunchSettings, expand_grid, load_grid
 from sweep.journal import Journal, resolve_open

@@ -25,7 +25,7 @@ def plan_rows(runs: list[RunSpec], gpu_tflops: float = 150.0) -> list[dict[str, 
         rows.append(
             {
                 "run_id": spec.run_id,
-                "config": spec.tags.get("config", spec.precision.label),
+                "config": spec.label,
                 "budget": spec.budget,
                 "d_model": spec.model.d_model,
                 "n_layers": spec.model.n_layers,

@@ -14,7 +14,6 @@ node of the partition and its time limit fits the partition's.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -23,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from models.atomic import atomic_write_json
 from models.config import RunSpec, TextFileData, TokenFileData
+from runfolder.atomic import atomic_write_json, read_json
 from sweep.errors import GridError
 
 if TYPE_CHECKING:
@@ -43,7 +42,7 @@ def cache_path() -> Path:
 
 def check_data(source: str, specs: list[RunSpec]) -> None:
     """Refuse runs whose token or text files cannot be trained on."""
-    cache = _read_cache()
+    cache = read_json(cache_path()) or {}
     changed = False
     seen: set[tuple[str, str, int, int]] = set()
     for spec in specs:
@@ -116,13 +115,6 @@ def sample_max_id(file: Path, dtype: str, n_tokens: int) -> int:
         return int(tokens.max())
     starts = np.linspace(0, n_tokens - CHUNK_TOKENS, SAMPLE_CHUNKS).astype(np.int64)
     return max(int(tokens[s : s + CHUNK_TOKENS].max()) for s in starts)
-
-
-def _read_cache() -> dict:
-    try:
-        return json.loads(cache_path().read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def _write_cache(cache: dict) -> None:

@@ -18,8 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from models.atomic import atomic_write_json, atomic_write_text
-from sweep.store import read_json_if_exists
+from runfolder.atomic import atomic_write_json, atomic_write_text, read_json
 
 PROVENANCE_FILE = "provenance.json"
 PACKAGES = ("mxscale", "torch", "numpy", "pyarrow", "pydantic", "pandas", "submitit", "ray")
@@ -87,7 +86,7 @@ def write_provenance(run_dir: Path, attempt: int) -> dict[str, Any]:
     if diff:
         record["diff_file"] = f"provenance-{record['diff_sha256'][:12]}.diff"
         atomic_write_text(run_dir / record["diff_file"], diff)
-    previous = read_json_if_exists(run_dir / PROVENANCE_FILE) or {}
+    previous = read_json(run_dir / PROVENANCE_FILE) or {}
     history = [a for a in previous.get("attempts", []) if a.get("attempt") != attempt]
     atomic_write_json(run_dir / PROVENANCE_FILE, {**record, "attempts": [*history, record]})
     return record
@@ -97,6 +96,6 @@ def commits_of(run_dirs: list[Path]) -> dict[str, str | None]:
     """Run id -> commit of its latest attempt (None when unknown)."""
     out = {}
     for run_dir in run_dirs:
-        record = read_json_if_exists(run_dir / PROVENANCE_FILE) or {}
+        record = read_json(run_dir / PROVENANCE_FILE) or {}
         out[run_dir.name] = record.get("commit")
     return out

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import time
 
-from models.atomic import atomic_write_json
-from sweep.store import RunRecord, read_json_if_exists
+from runfolder.atomic import atomic_write_json, read_json
+from sweep.store import RunRecord
 
 RETRIES_FILE = "retries.json"
 
 
 def crash_retries(record: RunRecord) -> int:
     """How many times launches have resubmitted this run after a crash."""
-    return int((read_json_if_exists(record.run_dir / RETRIES_FILE) or {}).get("crash_retries", 0))
+    return int((read_json(record.run_dir / RETRIES_FILE) or {}).get("crash_retries", 0))
 
 
 def crash_retry_due(record: RunRecord, max_retries: int) -> bool:
@@ -30,7 +30,7 @@ def crash_retry_due(record: RunRecord, max_retries: int) -> bool:
 def note_crash_retry(record: RunRecord) -> None:
     """Count one crash resubmission (call before submitting it), keeping the cause."""
     path = record.run_dir / RETRIES_FILE
-    payload = read_json_if_exists(path) or {"crash_retries": 0, "history": []}
+    payload = read_json(path) or {"crash_retries": 0, "history": []}
     payload["crash_retries"] = int(payload.get("crash_retries", 0)) + 1
     payload.setdefault("history", []).append(
         {

@@ -2,7 +2,8 @@
 
 Reads spec.json, trains (resuming from the run's latest checkpoint), and writes the run's
 own state markers: state.json with a heartbeat while running, summary.json then a terminal
-state.json at the end. Exit codes: 0 done/diverged, 75 preempted (requeue me), 1 failed.
+state.json at the end (files and records: runfolder). Exit codes (runfolder.codes): 0
+done/diverged, 75 preempted (requeue me), 1 failed.
 
 A run of several processes is started as one ``sweep.run`` per rank (by srun, torchrun or
 the local executor); they join one process group, rank 0 decides whether to start and
@@ -19,16 +20,24 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from models.atomic import atomic_write_json
-from models.checkpoint_files import checkpoint_steps
 from models.config import RunSpec
+from runfolder.codes import EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED
+from runfolder.paths import RunPaths, checkpoint_steps
+from runfolder.records import (
+    TERMINAL_STATES,
+    StateMarker,
+    cancel_applies,
+    read_cancel,
+    read_state,
+    read_submitted,
+    write_state,
+    write_summary,
+)
 from sweep.executors.base import ATTEMPT_ENV, TOKEN_ENV
-from sweep.store import CANCEL_FILE, TERMINAL_STATES, read_json_if_exists
 
 if TYPE_CHECKING:
     from models.distributed import World
 
-EXIT_OK, EXIT_FAILED, EXIT_PREEMPTED = 0, 1, 75
 HEARTBEAT_EVERY_S = 5.0
 
 
@@ -36,7 +45,7 @@ class StateWriter:
     """Writes state.json for one attempt; throttles heartbeats so they cost nothing."""
 
     def __init__(self, run_dir: Path, total_steps: int, attempt: int, processes: int = 1):
-        self.path = run_dir / "state.json"
+        self.run_dir = run_dir
         self.total_steps = total_steps
         self.attempt = attempt
         self.processes = processes
@@ -47,24 +56,22 @@ class StateWriter:
         self._first_step: int | None = None
 
     def write(self, state: str, step: int, **extra) -> None:
-        atomic_write_json(
-            self.path,
-            {
-                "state": state,
-                "step": step,
-                "total_steps": self.total_steps,
-                "attempt": self.attempt,
-                "heartbeat": time.time(),
-                "started_at": self.started,
-                "last_loss": self._last_loss,
-                "first_step_at": self._first_step_at,
-                "first_step": self._first_step,  # with first_step_at: measured steps/s
-                "host": socket.gethostname(),
-                "pid": os.getpid(),  # rank 0's: a stop signal to it reaches every rank
-                "processes": self.processes,
-                **extra,
-            },
-        )
+        marker: StateMarker = {
+            "state": state,
+            "step": step,
+            "total_steps": self.total_steps,
+            "attempt": self.attempt,
+            "heartbeat": time.time(),
+            "started_at": self.started,
+            "last_loss": self._last_loss,
+            "first_step_at": self._first_step_at,
+            "first_step": self._first_step,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "processes": self.processes,
+            **extra,
+        }
+        write_state(self.run_dir, marker)
 
     def progress(self, step: int, total_steps: int, loss: float | None) -> None:
         """Reporter hook called by the training loop at each logged step."""
@@ -84,7 +91,7 @@ def execute(run_dir: str | Path) -> int:
     from models.distributed import joined  # torch is imported here, not at CLI start
 
     run_dir = Path(run_dir)
-    marker = read_json_if_exists(run_dir / "state.json") or {}
+    marker = read_state(run_dir) or {}
     if marker.get("state") in TERMINAL_STATES:
         return EXIT_OK
     foreign = _not_current_submission(run_dir)
@@ -112,7 +119,7 @@ def _lead(spec: RunSpec, run_dir: Path, marker: dict, world: World) -> int:
     from models.runner import train_run
     from models.train import Preempted
 
-    submitted = read_json_if_exists(run_dir / "submitted.json") or {}
+    submitted = read_submitted(run_dir) or {}
     attempt = max(int(submitted.get("attempt", 1)), int(marker.get("attempt", 0)))
     writer = StateWriter(run_dir, spec.train.steps, attempt, world.size)
     cancelled = _cancel_requested(run_dir, attempt)
@@ -121,7 +128,7 @@ def _lead(spec: RunSpec, run_dir: Path, marker: dict, world: World) -> int:
         writer.write("cancelled", int(marker.get("step", 0)), reason="cancelled before start")
         return EXIT_OK
     # The checkpoint, not the marker's last step: the steps after it are trained again.
-    start_step = max(checkpoint_steps(run_dir / "checkpoints"), default=0)
+    start_step = max(checkpoint_steps(RunPaths(run_dir).checkpoints), default=0)
     print(
         f"attempt {attempt}: "
         + (f"resuming from step {start_step}" if start_step else "starting")
@@ -156,7 +163,7 @@ def _lead(spec: RunSpec, run_dir: Path, marker: dict, world: World) -> int:
         )
         traceback.print_exc()
         return EXIT_FAILED
-    atomic_write_json(run_dir / "summary.json", summary)
+    write_summary(run_dir, summary)
     writer.write(summary["state"], int(summary["steps_done"]))
     return EXIT_OK
 
@@ -197,7 +204,7 @@ def _not_current_submission(run_dir: Path) -> str | None:
     if not token:
         return None  # started by an executor without tokens (local, ray) or by hand
     attempt = os.environ.get(ATTEMPT_ENV)
-    current = read_json_if_exists(run_dir / "submitted.json") or {}
+    current = read_submitted(run_dir) or {}
     if current.get("token") == token and (
         attempt is None or str(current.get("attempt")) == attempt
     ):
@@ -210,8 +217,7 @@ def _not_current_submission(run_dir: Path) -> str | None:
 
 
 def _cancel_requested(run_dir: Path, attempt: int) -> bool:
-    request = read_json_if_exists(run_dir / CANCEL_FILE)
-    return request is not None and int(request.get("attempt", 0)) >= attempt
+    return cancel_applies(read_cancel(run_dir), attempt)
 
 
 def main(argv: list[str] | None = None) -> int:

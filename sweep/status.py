@@ -19,11 +19,12 @@ from collections.abc import Container, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from runfolder.atomic import read_json
 from sweep.cost import Estimate, estimate, fmt_duration, worth_showing
 from sweep.journal import resolve_if_idle
 from sweep.provenance import PROVENANCE_FILE
 from sweep.reconcile import current_records
-from sweep.store import RUN_STATES, WAITING_STATES, RunRecord, SweepStore, read_json_if_exists
+from sweep.store import RUN_STATES, WAITING_STATES, RunRecord, SweepStore
 from sweep.triage import HUNG_AFTER_S, mark_hung, render_failures, triage
 
 if TYPE_CHECKING:
@@ -220,7 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = [run_row(record) for record in records]
     commits = Counter()
     for record, row in zip(records, rows, strict=True):
-        row["commit"] = (read_json_if_exists(record.run_dir / PROVENANCE_FILE) or {}).get("commit")
+        row["commit"] = (read_json(record.run_dir / PROVENANCE_FILE) or {}).get("commit")
         if row["commit"]:
             commits[row["commit"]] += 1
     now = time.time()

@@ -1,14 +1,14 @@
 """The sweep folder: frozen grid, one folder per run, and run state derived from its files.
 
-State lives only in files written atomically (by the launcher: spec.json, submitted.json;
-by the run itself: state.json, summary.json), so no long-lived driver holds it.
+State lives only in files written atomically (the run-folder contract, runfolder: by the
+launcher spec.json, submitted.json; by the run itself state.json, summary.json; by
+`sweep cancel` cancel.json), so no long-lived driver holds it.
 """
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
-import json
 import os
 import socket
 import time
@@ -18,10 +18,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from models.atomic import atomic_write_json, atomic_write_text
-from models.checkpoint_files import checkpoint_steps
+from runfolder.atomic import atomic_write_json, atomic_write_text, read_json
+from runfolder.paths import RunPaths, checkpoint_steps
+from runfolder.records import (
+    TERMINAL_STATES,
+    Submission,
+    effective_marker,
+    read_cancel,
+    read_spec,
+    read_state,
+    read_submitted,
+    read_summary,
+    write_spec,
+    write_submitted,
+)
 from sweep.errors import SweepError
-from sweep.executors.base import Submission
 
 RUN_STATES = (
     "pending",
@@ -35,10 +46,8 @@ RUN_STATES = (
     "stale",
     "incomplete",
 )
-TERMINAL_STATES = ("done", "diverged")
 # States of a run that waits to continue: status shows the step it will resume from.
 WAITING_STATES = ("queued", "stale", "preempted")
-CANCEL_FILE = "cancel.json"
 # A run whose heartbeat is older than this, and whose process or job is gone, is stale.
 STALE_AFTER_S = 120.0
 
@@ -70,7 +79,7 @@ class RunRecord:
     @property
     def resume_step(self) -> int:
         """The step the run continues from when it next starts: its newest checkpoint."""
-        steps = checkpoint_steps(self.run_dir / "checkpoints")
+        steps = checkpoint_steps(RunPaths(self.run_dir).checkpoints)
         return steps[-1] if steps else 0
 
     @property
@@ -98,7 +107,7 @@ class SweepStore:
         meta_path = self.root / "sweep.json"
         # An unreadable sweep.json (a killed writer on a filesystem without atomic rename)
         # is rewritten: the run folders, not this file, hold what ran.
-        meta = read_json_if_exists(meta_path)
+        meta = read_json(meta_path)
         if meta is not None and "grid_hash" in meta:
             if meta["grid_hash"] != grid_hash and not update_grid:
                 known = set(meta.get("run_ids", []))
@@ -117,24 +126,24 @@ class SweepStore:
 
     def add_branches(self, run_ids: list[str]) -> None:
         """Register branched runs (``sweep intervene``) beside the grid's own runs."""
-        meta_path = self.root / "sweep.json"
-        if not meta_path.exists():
-            raise SweepError(f"{self.root}: not a launched sweep (no sweep.json); launch it first")
-        meta = json.loads(meta_path.read_text())
+        meta = read_json(self.root / "sweep.json")
+        if meta is None:
+            raise SweepError(
+                f"{self.root}: not a launched sweep (no readable sweep.json); launch it first"
+            )
         meta["branch_ids"] = sorted(set(meta.get("branch_ids", [])) | set(run_ids))
         meta["updated_at"] = time.time()
-        atomic_write_json(meta_path, meta)
+        atomic_write_json(self.root / "sweep.json", meta)
 
     def write_spec(self, run_id: str, spec_json: str) -> Path:
         """Create the run folder with its spec (unchanged if a readable one exists)."""
         run_dir = self.runs_dir / run_id
-        if read_json_if_exists(run_dir / "spec.json") is None:
-            atomic_write_text(run_dir / "spec.json", spec_json)
+        if read_spec(run_dir) is None:
+            write_spec(run_dir, spec_json)
         return run_dir
 
     def record_submission(self, submission: Submission) -> None:
-        payload = {**submission.to_json(), "host": socket.gethostname(), "pid": os.getpid()}
-        atomic_write_json(self.runs_dir / submission.run_id / "submitted.json", payload)
+        write_submitted(self.runs_dir / submission.run_id, submission)
 
     @contextmanager
     def lock(self, *, timeout_s: float = 30.0) -> Iterator[None]:
@@ -164,7 +173,7 @@ class SweepStore:
 
     def run_ids(self) -> list[str]:
         """The sweep's runs per sweep.json (runs without a folder included), else the folders."""
-        meta = read_json_if_exists(self.root / "sweep.json")
+        meta = read_json(self.root / "sweep.json")
         if meta is not None and isinstance(meta.get("run_ids"), list):
             return [str(r) for r in meta["run_ids"] + list(meta.get("branch_ids", []))]
         if not self.runs_dir.is_dir():
@@ -178,12 +187,13 @@ class SweepStore:
 
     def record(self, run_id: str, now: float) -> RunRecord:
         """One run from its files; a file a killed writer left missing or unreadable counts as
-        absent, and a run whose spec is missing while other files exist is ``incomplete``."""
+        absent, a run whose spec is missing while other files exist is ``incomplete``, and
+        an unfinished run whose current attempt was cancelled is ``cancelled``."""
         run_dir = self.runs_dir / run_id
-        spec = read_json_if_exists(run_dir / "spec.json") or {}
-        marker = read_json_if_exists(run_dir / "state.json")
-        submitted = _valid_submission(read_json_if_exists(run_dir / "submitted.json"))
-        summary = read_json_if_exists(run_dir / "summary.json")
+        spec = read_spec(run_dir) or {}
+        submitted = read_submitted(run_dir)
+        marker = effective_marker(read_state(run_dir), submitted, read_cancel(run_dir))
+        summary = read_summary(run_dir)
         state = derive_state(marker, submitted, None, now)
         if not spec and state not in TERMINAL_STATES and (marker or submitted):
             state = "incomplete"
@@ -266,19 +276,3 @@ def _is_zombie(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[-1].split()[0] == "Z"
-
-
-def read_json_if_exists(path: Path) -> dict | None:
-    """A JSON marker file's content, or None if it is missing, cut short or not an object."""
-    try:
-        payload = json.loads(path.read_text())
-    except (FileNotFoundError, NotADirectoryError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    return payload if isinstance(payload, dict) else None
-
-
-def _valid_submission(payload: dict | None) -> dict | None:
-    """A submitted.json that names its executor and attempt, else None (as if never written)."""
-    if payload is None or not isinstance(payload.get("executor"), str):
-        return None
-    return payload if isinstance(payload.get("attempt"), int) else None

@@ -120,8 +120,12 @@ def test_parts_with_plain_string_names_load_together(sweep):
     assert len(metrics) == 2 and metrics["value"].tolist() == [0.1, 0.2]
 
 
-def test_metrics_schema_matches_the_writer():
-    from analysis.load import METRICS_SCHEMA
-    from models.metrics import SCHEMA
+def test_metrics_schema_matches_the_writer(tmp_path):
+    import pyarrow.parquet as pq
 
-    assert METRICS_SCHEMA.equals(SCHEMA)
+    from models.metrics import MetricsWriter
+    from runfolder.metrics import metrics_schema
+
+    writer = MetricsWriter(tmp_path, "run")
+    writer.log(1, 10, 1.0, {"train/loss": 2.0})
+    assert pq.read_schema(writer.flush()).equals(metrics_schema())

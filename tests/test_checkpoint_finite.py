@@ -7,9 +7,10 @@ import math
 import pytest
 import torch
 
-from models.checkpoint import checkpoint_steps, finite_state, load_latest, save_checkpoint
+from models.checkpoint import finite_state, load_latest, save_checkpoint
 from models.config import LMConfig, RunSpec, SyntheticData, TrainConfig
 from models.runner import make_trainer
+from runfolder.paths import checkpoint_steps
 
 SPEC = RunSpec(
     model=LMConfig(d_model=32, head_dim=32, vocab_size=64, seq_len=16),

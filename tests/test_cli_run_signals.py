@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from metric_rows import comparable_rows
 
-from models.checkpoint import checkpoint_steps
 from models.config import LMConfig, RunSpec, SyntheticData, TrainConfig
 from models.runner import train_run
+from runfolder.paths import checkpoint_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = RunSpec(

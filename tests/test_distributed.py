@@ -18,7 +18,6 @@ import pytest
 from executor_fixtures import wait_until
 from pydantic import ValidationError
 
-from models.checkpoint import checkpoint_steps
 from models.config import (
     Branch,
     LMConfig,
@@ -31,12 +30,14 @@ from models.config import (
 from models.distributed import World, rendezvous_from_env, slurm_port
 from models.runner import make_trainer, train_run
 from mx.spec import PrecisionSpec
+from runfolder.codes import EXIT_PREEMPTED
+from runfolder.paths import checkpoint_steps
 from sweep.executors.base import run_command
 from sweep.executors.local import LocalExecutor, spawn_ranks
 from sweep.executors.slurm import SlurmExecutor, TaskLayout, slurm_available
 from sweep.journal import Journal
 from sweep.plan import plan_rows
-from sweep.run import EXIT_PREEMPTED, execute
+from sweep.run import execute
 from sweep.store import SweepStore
 
 ROOT = Path(__file__).resolve().parents[1]

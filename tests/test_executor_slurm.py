@@ -25,7 +25,7 @@ from executor_fixtures import (
 )
 from rich.console import Console
 
-from sweep.executors.base import Submission
+from runfolder.records import Submission
 from sweep.executors.slurm import (
     ChunkSubmitted,
     SlurmExecutor,

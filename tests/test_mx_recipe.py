@@ -168,6 +168,6 @@ def test_new_fields_at_defaults_keep_run_ids():
     ],
 )
 def test_analysis_label_mirrors_the_spec_label(fields):
-    from analysis.load import _label
+    from runfolder.label import precision_label
 
-    assert _label(fields) == mx.PrecisionSpec(**fields).label
+    assert precision_label(fields) == mx.PrecisionSpec(**fields).label

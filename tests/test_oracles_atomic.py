@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from models.atomic import atomic_write, atomic_write_json
+from runfolder.atomic import atomic_write, atomic_write_json
 
 
 def test_target_keeps_the_old_content_until_the_write_is_complete(tmp_path):

@@ -15,12 +15,13 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from models.checkpoint import checkpoint_path, checkpoint_steps, load_checkpoint
+from models.checkpoint import load_checkpoint
 from models.config import LMConfig, RunSpec, SyntheticData, TrainConfig
 from models.data import build_data
 from models.runner import make_trainer, train_run
 from models.transformer import TransformerLM
 from mx.spec import PrecisionSpec
+from runfolder.paths import checkpoint_path, checkpoint_steps
 from sweep.run import execute
 
 

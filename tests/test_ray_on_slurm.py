@@ -15,7 +15,7 @@ import pytest
 import yaml
 from executor_fixtures import requires_slurm, wait_until
 
-from sweep.store import read_json_if_exists
+from runfolder.atomic import read_json
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, requires_slurm]
 TIMEOUT_S = 400
@@ -45,7 +45,7 @@ def _rows(sweep_dir: Path) -> dict[str, dict]:
 
 
 def _any_training(sweep_dir: Path, min_step: int) -> bool:
-    markers = (read_json_if_exists(path) or {} for path in sweep_dir.glob("runs/*/state.json"))
+    markers = (read_json(path) or {} for path in sweep_dir.glob("runs/*/state.json"))
     return any(m.get("state") == "running" and m.get("step", 0) >= min_step for m in markers)
 
 

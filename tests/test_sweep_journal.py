@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from models.atomic import atomic_write_json
-from sweep.executors.base import Submission
+from runfolder.atomic import atomic_write_json
+from runfolder.records import Submission
 from sweep.executors.guard import check
 from sweep.executors.slurm import run_answer
 from sweep.journal import Journal, intent_path, remove_stray_files, resolve_open

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from executor_fixtures import requires_slurm, wait_until
 
-from sweep.store import read_json_if_exists
+from runfolder.atomic import read_json
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, requires_slurm]
 SWEEP = [sys.executable, "-m", "sweep.cli"]
@@ -68,11 +68,11 @@ def _wait_training(sweep_dir: Path, min_step: int) -> str:
     (run_dir,) = (sweep_dir / "runs").iterdir()
 
     def training() -> bool:
-        marker = read_json_if_exists(run_dir / "state.json") or {}
+        marker = read_json(run_dir / "state.json") or {}
         return marker.get("state") == "running" and marker.get("step", 0) >= min_step
 
     wait_until(training, TIMEOUT_S, f"the run training past step {min_step}")
-    return read_json_if_exists(run_dir / "submitted.json")["job_id"]
+    return read_json(run_dir / "submitted.json")["job_id"]
 
 
 @pytest.mark.parametrize("signal_name", ["TERM", "USR2"])

@@ -3,10 +3,11 @@
 import pyarrow.parquet as pq
 import torch
 
-from models.checkpoint import checkpoint_path, load_latest
+from models.checkpoint import load_latest
 from models.config import LMConfig, RunSpec, SyntheticData, TrainConfig
 from models.runner import make_trainer, train_run
 from mx.spec import PrecisionSpec
+from runfolder.paths import checkpoint_path
 
 RECIPE = PrecisionSpec(
     w_fmt="nvfp4",

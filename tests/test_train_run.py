@@ -6,9 +6,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from models.config import LMConfig, RunSpec, SyntheticData, TrainConfig
-from models.metrics import SCHEMA
 from models.runner import train_run
 from models.train import lr_at
+from runfolder.metrics import metrics_schema
 
 
 def _spec(**train):
@@ -58,7 +58,7 @@ def test_summary_counts(finished):
 def test_metrics_table(finished):
     spec, run_dir, _, calls = finished
     table = pq.read_table(run_dir / "metrics")
-    assert table.schema.equals(SCHEMA)
+    assert table.schema.equals(metrics_schema())
     df = table.to_pandas()
     df["name"] = df["name"].astype(str)
     assert set(df.run_id) == {spec.run_id}

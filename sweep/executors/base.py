@@ -1,5 +1,5 @@
-"""The small interface every executor implements, the traits it declares, and the
-submission record it leaves."""
+"""The small interface every executor implements and the traits it declares (its
+Submission record: runfolder.records)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import ctypes
 import os
 import signal
 import sys
-import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from runfolder.records import Submission
 from sweep.errors import GridError
 
 if TYPE_CHECKING:
@@ -27,32 +27,6 @@ SCHEDULER_STATES = ("queued", "running", "gone", "cancelled", "unknown")
 # checks against submitted.json before training (sweep.journal).
 TOKEN_ENV = "MXSCALE_SUBMISSION"
 ATTEMPT_ENV = "MXSCALE_ATTEMPT"
-
-
-@dataclass
-class Submission:
-    """One attempt of one run handed to an executor (persisted as submitted.json)."""
-
-    run_id: str
-    executor: str
-    job_id: str | None
-    attempt: int
-    submitted_at: float = field(default_factory=time.time)
-    # The write-ahead token of the submission (sweep.journal); the job checks it.
-    token: str | None = None
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, payload: dict) -> Submission:
-        return cls(
-            **{
-                k: payload[k]
-                for k in ("run_id", "executor", "job_id", "attempt", "submitted_at", "token")
-                if k in payload
-            }
-        )
 
 
 class Executor(Protocol):

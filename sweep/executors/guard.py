@@ -9,25 +9,19 @@ Standard library only: it costs a bare interpreter start.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import sys
 import time
 from pathlib import Path
 
+from runfolder.atomic import read_json
+from runfolder.paths import RunPaths
+
 SKIP = 3
 # How long a task waits for a live launcher to write its run's submitted.json (sbatch
 # returned, the launcher is recording the chunk: milliseconds per run).
 WAIT_FOR_LAUNCHER_S = 30.0
-
-
-def _read(path: Path) -> dict | None:
-    try:
-        payload = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return payload if isinstance(payload, dict) else None
 
 
 def _launcher_may_record(intent: dict) -> bool:
@@ -47,7 +41,7 @@ def _launcher_may_record(intent: dict) -> bool:
 
 def check(intent_file: Path, task_index: int, wait_s: float = WAIT_FOR_LAUNCHER_S) -> str | None:
     """None when this task may train; else why not (one line)."""
-    intent = _read(intent_file)
+    intent = read_json(intent_file)
     if intent is None:
         return None  # no journal (a direct executor submission): nothing to check against
     token = intent["token"]
@@ -55,10 +49,10 @@ def check(intent_file: Path, task_index: int, wait_s: float = WAIT_FOR_LAUNCHER_
     run_dir = intent_file.parent.parent / "runs" / entry["run_id"]
     deadline = time.monotonic() + wait_s
     while True:
-        current = _read(run_dir / "submitted.json") or {}
+        current = read_json(RunPaths(run_dir).submitted) or {}
         if current.get("token") == token and current.get("attempt") == entry["attempt"]:
             return None
-        intent = _read(intent_file) or intent
+        intent = read_json(intent_file) or intent
         if not _launcher_may_record(intent) or time.monotonic() > deadline:
             return (
                 f"orphan task of submission {token} (attempt {entry['attempt']}): run "
@@ -81,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(reason, file=sys.stderr, flush=True)
     # Also in the run's own logs, where `sweep logs` looks.
-    run_id = (_read(intent_file) or {})["runs"][task_index]["run_id"]
+    run_id = (read_json(intent_file) or {})["runs"][task_index]["run_id"]
     logs = intent_file.parent.parent / "runs" / run_id / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     with open(logs / "skipped-tasks.log", "a") as handle:

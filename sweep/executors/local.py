@@ -22,11 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from runfolder.codes import EXIT_OK, EXIT_PREEMPTED
+from runfolder.paths import RunPaths
+from runfolder.records import Submission
 from sweep.errors import GridError
 from sweep.executors.base import (
     BaseExecutor,
     LaunchHooks,
-    Submission,
     check_fits_cores,
     cpus_per_run,
     die_with_parent,
@@ -41,9 +43,6 @@ if TYPE_CHECKING:
     from models.config import RunSpec
     from sweep.grid import LaunchSettings
 
-# EX_TEMPFAIL: the run checkpointed and wants to continue (sweep.run's EXIT_PREEMPTED;
-# not imported from there, which loads pydantic: this module is on `sweep status`'s path).
-EXIT_PREEMPTED = 75
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
 # How long the other ranks get to notice a failed rank (and rank 0 to record the failure)
@@ -79,17 +78,18 @@ def _run_in_worker(run_dir: str, attempt: int) -> RunOutcome:
     from sweep.run import execute
 
     started = time.time()
-    log_dir = Path(run_dir) / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    # Redirect at the file-descriptor level so C++/torch warnings land in the run's log too.
+    paths = RunPaths(run_dir)
+    paths.logs.mkdir(parents=True, exist_ok=True)
+    # One log per attempt, both streams: redirected at the file-descriptor level so
+    # C++/torch warnings land in the run's log too.
     saved = os.dup(1), os.dup(2)
-    with open(log_dir / f"attempt-{attempt}.log", "ab", buffering=0) as log:
+    with open(paths.log(attempt, "log"), "ab", buffering=0) as log:
         sys.stdout.flush()
         sys.stderr.flush()
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
         try:
-            spec = RunSpec.model_validate_json((Path(run_dir) / "spec.json").read_text())
+            spec = RunSpec.model_validate_json(paths.spec.read_text())
             nprocs = spec.resources.world_size
             if nprocs == 1:
                 code = execute(run_dir)
@@ -145,7 +145,7 @@ def spawn_ranks(argv: list[str], nprocs: int) -> int:
 
 
 def _failed(code: int | None) -> bool:
-    return code is not None and code not in (0, EXIT_PREEMPTED)
+    return code is not None and code not in (EXIT_OK, EXIT_PREEMPTED)
 
 
 @contextlib.contextmanager
@@ -273,9 +273,8 @@ class LocalExecutor(BaseExecutor):
                         else:
                             unstarted.append(run_dir)
                         continue
-                    event = {0: "done", EXIT_PREEMPTED: "preempted"}.get(
-                        outcome.exit_code, "failed"
-                    )
+                    events = {EXIT_OK: "done", EXIT_PREEMPTED: "preempted"}
+                    event = events.get(outcome.exit_code, "failed")
                     self.on_event(event, run_dir.name, outcome)
         if stop.requested:
             raise KeyboardInterrupt("launch interrupted; runs were checkpointed")
@@ -329,7 +328,7 @@ class _StopRequest:
 
 
 def _started(run_dir: Path) -> bool:
-    return (run_dir / "state.json").exists()
+    return RunPaths(run_dir).state.exists()
 
 
 def _has_cuda_device() -> bool:

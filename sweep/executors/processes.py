@@ -11,8 +11,11 @@ import socket
 import subprocess
 from pathlib import Path
 
-from sweep.executors.base import Submission, die_with_parent
-from sweep.store import _process_alive, read_json_if_exists
+from runfolder.atomic import read_json
+from runfolder.paths import RunPaths
+from runfolder.records import Submission
+from sweep.executors.base import die_with_parent
+from sweep.store import _process_alive
 
 
 def launch_logged(
@@ -20,12 +23,11 @@ def launch_logged(
 ) -> subprocess.Popen[bytes]:
     """Start argv with stdout/stderr appended to <run_dir>/logs/attempt-<attempt>.out|err
     (rank r > 0 of a multi-process run: attempt-<attempt>.rank<r>.out|err)."""
-    logs = run_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    stem = f"attempt-{attempt}" + (f".rank{rank}" if rank else "")
+    paths = RunPaths(run_dir)
+    paths.logs.mkdir(parents=True, exist_ok=True)
     with (
-        open(logs / f"{stem}.out", "ab") as out,
-        open(logs / f"{stem}.err", "ab") as err,
+        open(paths.log(attempt, "out", rank), "ab") as out,
+        open(paths.log(attempt, "err", rank), "ab") as err,
     ):
         return subprocess.Popen(
             argv,
@@ -43,7 +45,7 @@ def _here(record: dict) -> bool:
 
 def _started_marker(run_dir: Path, attempt: int) -> dict | None:
     """The run's state.json once this attempt has started, else None."""
-    marker = read_json_if_exists(run_dir / "state.json")
+    marker = read_json(RunPaths(run_dir).state)
     return marker if marker is not None and marker.get("attempt", 0) >= attempt else None
 
 
@@ -60,7 +62,7 @@ def pid_states(sweep_dir: Path, submissions: list[Submission]) -> dict[str, str]
                 alive = marker.get("state") == "running" and _process_alive(marker)
                 states[sub.run_id] = "running" if alive else "gone"
             continue
-        launcher = read_json_if_exists(run_dir / "submitted.json") or {}
+        launcher = read_json(RunPaths(run_dir).submitted) or {}
         if _here(launcher):
             states[sub.run_id] = "queued" if _process_alive(launcher) else "gone"
     return states

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from runfolder.records import Submission
 from sweep.errors import GridError
 from sweep.executors.base import (
     BaseExecutor,
     LaunchHooks,
-    Submission,
     check_fits_cores,
     cpus_per_run,
     run_command,

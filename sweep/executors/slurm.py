@@ -1,7 +1,7 @@
 """SLURM executor: submitit job arrays chunked under MaxArraySize, requeue on preemption.
 
 Each array task runs the run's command as a child process, forwards SIGTERM/SIGUSR2 to it
-and, when the child exits with EX_TEMPFAIL (75: it checkpointed and wants to continue),
+and, when the child exits with EXIT_PREEMPTED (75: it checkpointed and wants to continue),
 requeues itself so the run resumes from its checkpoint in the same job id.
 
 A run of several processes gets nodes x tasks-per-node array tasks (srun starts one per
@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from runfolder.codes import EXIT_PREEMPTED
+from runfolder.records import Submission
 from sweep import faults
 from sweep.errors import GridError
 from sweep.executors.base import (
@@ -30,7 +32,6 @@ from sweep.executors.base import (
     TOKEN_ENV,
     BaseExecutor,
     LaunchHooks,
-    Submission,
     run_command,
 )
 from sweep.executors.processes import launch_logged
@@ -41,7 +42,6 @@ if TYPE_CHECKING:
     from sweep.grid import LaunchSettings
     from sweep.journal import Journal
 
-EX_TEMPFAIL = 75
 _QUEUED = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
 _RUNNING = {
     "RUNNING",
@@ -193,13 +193,13 @@ def _scheduler(argv: list[str]) -> subprocess.CompletedProcess[str]:
 def task_outcome(returncode: int, received: set[int]) -> str:
     """ "done", "requeue" or "failed" for a child's exit code and the signals the task got.
 
-    EX_TEMPFAIL means the run checkpointed and wants to continue. A run killed by the very
+    EXIT_PREEMPTED means the run checkpointed and wants to continue. A run killed by the very
     signal SLURM sent (it reaches the child directly as well as through us, so a second copy
     can land while the run is exiting) was interrupted, not broken: it resumes too.
     """
     if returncode == 0:
         return "done"
-    if returncode == EX_TEMPFAIL or -returncode in received:
+    if returncode == EXIT_PREEMPTED or -returncode in received:
         return "requeue"
     return "failed"
 

@@ -190,7 +190,7 @@ MUTANTS: tuple[Mutant, ...] = (
     # --- files, exit codes, states -----------------------------------------------------
     Mutant(
         "atomic_write_in_place",
-        "models/atomic.py",
+        "runfolder/atomic.py",
         "write(tmp)",
         "write(str(path))",
         ("tests/test_oracles_atomic.py",),
@@ -198,7 +198,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "atomic_copy_instead_of_rename",
-        "models/atomic.py",
+        "runfolder/atomic.py",
         "os.replace(tmp, path)",
         "Path(path).write_bytes(Path(tmp).read_bytes())",
         ("tests/test_oracles_atomic.py",),

@@ -1,4 +1,8 @@
-"""Atomic file writes: a reader sees the old file or the new one, never a partial one."""
+"""Atomic file writes and the one tolerant JSON reader of the run folder.
+
+A reader sees the old file or the new one, never a partial one; a file a killed writer left
+missing or cut short reads as absent.
+"""
 
 from __future__ import annotations
 
@@ -42,6 +46,11 @@ def atomic_write_json(path: str | os.PathLike, payload: Any) -> Path:
     return atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
 
-def read_json(path: str | os.PathLike) -> Any:
-    """Read a JSON file."""
-    return json.loads(Path(path).read_text())
+def read_json(path: str | os.PathLike) -> dict | None:
+    """A JSON object file's content, or None if it is missing, unreadable, cut short or not
+    an object (a killed writer on a filesystem without atomic rename, outside damage)."""
+    try:
+        payload = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return payload if isinstance(payload, dict) else None
