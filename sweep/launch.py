@@ -12,7 +12,7 @@ from runfolder.records import Submission
 from sweep import faults
 from sweep.errors import GridError
 from sweep.executors.base import Executor, LaunchHooks
-from sweep.executors.registry import executor_class, resolve_executor_name
+from sweep.executors.registry import AUTO, executor_class, resolve_executor_name
 from sweep.grid import Expansion, LaunchSettings, expand_grid, load_grid
 from sweep.journal import Journal, resolve_open
 from sweep.preflight import preflight
@@ -70,6 +70,23 @@ class LaunchResult:
         return executor_class(self.executor).waits_for_runs
 
 
+def command_line_settings(**flags: Any) -> LaunchSettings:
+    """The launch settings a command's flags give (None: not given, the grid's applies);
+    GridError (exit 2) naming the flag, its value and what is allowed."""
+    from pydantic import ValidationError
+
+    given = {key: value for key, value in flags.items() if value is not None}
+    if given.get("executor", AUTO) != AUTO:
+        executor_class(given["executor"])  # unknown: the registry names the allowed ones
+    try:
+        return LaunchSettings(**given)
+    except ValidationError as err:
+        first = err.errors()[0]
+        key = str(first["loc"][0])
+        flag = "--" + key.replace("_", "-")
+        raise GridError(f"{flag} {given.get(key)!r}: {first['msg']}") from None
+
+
 def default_sweep_dir(grid_path: str | Path, grid_name: str) -> Path:
     """sweeps/<grid name> under the current directory."""
     return Path("sweeps") / (grid_name or Path(grid_path).stem)
@@ -83,7 +100,9 @@ def make_executor(
     return executor_class(name).for_launch(store.root, settings, runs, hooks)
 
 
-def check_specs(source: str, specs: list[RunSpec], executor_name: str, settings: LaunchSettings) -> None:
+def check_specs(
+    source: str, specs: list[RunSpec], executor_name: str, settings: LaunchSettings
+) -> None:
     """Every check that applies before anything is written: the executor's placement of
     the runs, then the runs' data and the cluster (sweep.preflight); GridError on the first."""
     cls = executor_class(executor_name)

@@ -60,6 +60,7 @@ class BaseExecutor:
     tracks_pids: ClassVar[bool] = True
     # Picked by ``--executor auto`` when detected, lowest first; None: never picked.
     auto_priority: ClassVar[int | None] = None
+    auto_when: ClassVar[str] = ""  # when auto picks it, for the help: " if sbatch exists"
 
     @classmethod
     def detected(cls) -> bool:
@@ -81,6 +82,19 @@ class BaseExecutor:
     def for_sweep(cls, sweep_dir: Path) -> Executor:
         """An executor that can query and cancel the sweep's earlier submissions."""
         raise NotImplementedError
+
+    @classmethod
+    def run_states(cls, sweep_dir: Path, submissions: list[Submission]) -> dict[str, str]:
+        """What a scheduler says of these runs for ``sweep status`` ({run_id: one of
+        SCHEDULER_STATES}); {} when no scheduler holds them or none answers. Runs that are
+        processes of this host (``tracks_pids``): {}, the pids in their files decide."""
+        return {}
+
+    @classmethod
+    def final_outcomes(cls, submissions: list[Submission]) -> dict[str, tuple[str, str]]:
+        """{run_id: (final scheduler state, exit code)} of ended runs, for triage; {} when
+        there is no scheduler to ask."""
+        return {}
 
     @classmethod
     def check_specs(cls, source: str, specs: list[RunSpec]) -> None:

@@ -57,9 +57,7 @@ def executor_class(name: str) -> type[BaseExecutor]:
     """The class registered as ``name``; GridError (exit 2) naming the allowed ones."""
     _load_builtins()
     if name not in _REGISTRY:
-        raise GridError(
-            f"unknown executor {name!r}; allowed: {', '.join(executor_choices())}"
-        )
+        raise GridError(f"unknown executor {name!r}; allowed: {', '.join(executor_choices())}")
     return _REGISTRY[name]
 
 
@@ -69,13 +67,21 @@ def known(name: str | None) -> type[BaseExecutor] | None:
     return _REGISTRY.get(name) if isinstance(name, str) else None
 
 
+def _auto_candidates() -> list[type[BaseExecutor]]:
+    classes = [executor_class(name) for name in executor_names()]
+    picked = [cls for cls in classes if cls.auto_priority is not None]
+    return sorted(picked, key=lambda cls: cls.auto_priority)
+
+
+def describe_choices() -> str:
+    """``--executor``'s help: the names, and what ``auto`` picks."""
+    auto = ", else ".join(f"{cls.name}{cls.auto_when}" for cls in _auto_candidates())
+    return " | ".join(executor_names()) + f" | {AUTO} ({auto})"
+
+
 def resolve_executor_name(requested: str) -> str:
     """A registered name; ``auto`` picks the detected executor of lowest ``auto_priority``
     (slurm where sbatch is on PATH, else local)."""
     if requested != AUTO:
         return executor_class(requested).name
-    candidates = sorted(
-        (cls for cls in (executor_class(n) for n in executor_names()) if cls.auto_priority is not None),
-        key=lambda cls: cls.auto_priority,
-    )
-    return next(cls.name for cls in candidates if cls.detected())
+    return next(cls.name for cls in _auto_candidates() if cls.detected())

@@ -261,7 +261,8 @@ class SlurmExecutor(BaseExecutor):
     waits_for_runs = False
     writes_journal = True
     tracks_pids = False
-    auto_priority = 0  # wherever sbatch is on PATH
+    auto_priority = 0
+    auto_when = " if sbatch exists"
 
     def __init__(
         self,
