@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from runfolder.records import write_cancel, write_state
 from sweep.errors import SweepError
+from sweep.executors import registry
 from sweep.store import RunRecord, SweepStore
 
 ACTIVE = ("queued", "running")
@@ -38,7 +39,7 @@ def cancel_runs(
         write_cancel(record.run_dir, record.attempt, _reason(record))
         by_executor.setdefault(record.submission.executor, []).append(record)
     for name, group in by_executor.items():
-        cls = known(name)
+        cls = registry.known(name)
         if cls is None:
             raise SweepError(f"{store.root}: runs submitted by unknown executor {name!r}")
         # A hung run makes no progress, so it never reaches a checkpoint: killed at once.
