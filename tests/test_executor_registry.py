@@ -199,8 +199,9 @@ def test_intervene_passes_account_qos_and_array_parallelism(tmp_path, monkeypatc
     _fake_slurm(tmp_path / "bin", scripts)
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
     args = ["intervene", parent.run_id, "--at", "3", "--sweep-dir", str(store.root)]
-    args += ["--arms", "control,rceil,full_precision", "--executor", "slurm", "--partition", "debug"]
-    args += ["--account", "proj1", "--qos", "high", "--array-parallelism", "2"]
+    args += ["--arms", "control,rceil,full_precision", "--executor", "slurm"]
+    args += ["--partition", "debug", "--account", "proj1", "--qos", "high"]
+    args += ["--array-parallelism", "2"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "submitted 3 run(s) via slurm" in result.output
@@ -208,9 +209,7 @@ def test_intervene_passes_account_qos_and_array_parallelism(tmp_path, monkeypatc
     sbatch = dict(re.findall(r"^#SBATCH --([\w-]+)(?:=(.*))?$", script, re.MULTILINE))
     assert sbatch["account"] == "proj1" and sbatch["qos"] == "high"
     assert sbatch["partition"] == "debug" and sbatch["array"] == "0-2%2"
-    submitted = [
-        json.loads(path.read_text()) for path in store.runs_dir.glob("*/submitted.json")
-    ]
+    submitted = [json.loads(path.read_text()) for path in store.runs_dir.glob("*/submitted.json")]
     assert sorted(s["job_id"] for s in submitted) == ["4242_0", "4242_1", "4242_2"]
 
 
