@@ -32,6 +32,7 @@ from sweep.executors.base import (
     TOKEN_ENV,
     BaseExecutor,
     LaunchHooks,
+    cpus_per_run,
     run_command,
 )
 from sweep.executors.processes import launch_logged
@@ -331,7 +332,7 @@ class SlurmExecutor(BaseExecutor):
         return cls(
             sweep_dir,
             settings,
-            cpus_per_task=max(s.resources.cpus * s.resources.tasks_per_node for s in specs),
+            cpus_per_task=cpus_per_run(specs),
             time_min=max(spec.resources.time_min for spec in specs),
             gpus_per_task=max(spec.resources.gpus for spec in specs),
             mem_gb=max((spec.resources.mem_gb or 0 for spec in specs), default=0) or None,
