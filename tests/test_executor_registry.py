@@ -44,6 +44,15 @@ def test_registry_names_choices_and_unknown():
         executor_class("k8s")
     with pytest.raises(ValueError, match="'local' is taken"):
         register("local")(type("Other", (LocalExecutor,), {}))
+    # The order does not depend on which executor module was imported first.
+    first_slurm = "import sweep.executors.slurm; from sweep.executors import registry as r; "
+    printed = subprocess.run(
+        [sys.executable, "-c", first_slurm + "print(r.executor_names())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert printed.strip() == "('local', 'slurm', 'ray')"
 
 
 def test_traits_tell_the_executors_apart():

@@ -43,9 +43,15 @@ def _load_builtins() -> None:
 
 
 def executor_names() -> tuple[str, ...]:
-    """The registered executor names, in registration order."""
+    """The registered executor names: the built-ins in their order, then the others in
+    registration order (not import order, which depends on who imported what first)."""
     _load_builtins()
-    return tuple(_REGISTRY)
+
+    def rank(name: str) -> int:
+        module = _REGISTRY[name].__module__
+        return _BUILTIN_MODULES.index(module) if module in _BUILTIN_MODULES else len(_REGISTRY)
+
+    return tuple(sorted(_REGISTRY, key=rank))
 
 
 def executor_choices() -> tuple[str, ...]:
