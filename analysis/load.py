@@ -20,7 +20,7 @@ import pyarrow.dataset as ds
 
 from analysis.configs import parse_config
 from runfolder.atomic import read_json
-from runfolder.label import precision_label
+from runfolder.label import config_label
 from runfolder.metrics import GRAD_NORM, METRIC_COLUMNS, TRAIN_LOSS, metrics_schema
 from runfolder.paths import RunPaths, visible
 
@@ -135,7 +135,7 @@ def _sweep_run_row(run_dir: Path) -> dict:
     if not spec and not summary:
         raise ValueError(f"{run_dir} has neither spec.json nor summary.json")
     precision = spec.get("precision", {})
-    config = summary.get("config") or precision_label(precision)
+    config = summary.get("config") or config_label(spec)
     model = spec.get("model", {})
     return {
         "run_id": summary.get("run_id", run_dir.name),

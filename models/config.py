@@ -20,7 +20,7 @@ from pydantic import (
     model_validator,
 )
 
-from models.flops import lm_param_count, proxy_param_count
+from models.flops import lm_param_count, proxy_param_count, training_flops
 from mx.spec import PrecisionSpec, check_format
 from runfolder.label import config_label
 
@@ -372,6 +372,29 @@ class RunSpec(_Frozen):
     def tokens_per_step(self) -> int:
         """Training samples per step times tokens per sample (1 for the proxy)."""
         return self.train.batch_size * self.model.tokens_per_sample
+
+    @property
+    def n_params(self) -> int:
+        """N: the parameters of the model."""
+        return self.model.param_count()
+
+    @property
+    def tokens(self) -> int:
+        """D: the tokens the run trains on (steps x tokens per step)."""
+        return self.train.steps * self.tokens_per_step
+
+    @property
+    def flops(self) -> float:
+        """C = 6·N·D of the run as specified."""
+        return training_flops(self.n_params, self.tokens)
+
+    def resolve(self, steps: int | None = None) -> RunSpec:
+        """This spec with what is derived from it filled in once: ``steps`` (when given: the
+        budget's step count) and ``tags.config`` (its label). Not validated again: no
+        validator depends on either (the spec was validated as a whole)."""
+        train = self.train if steps is None else self.train.model_copy(update={"steps": steps})
+        tags = {**self.tags, "config": self.label}
+        return self.model_copy(update={"train": train, "tags": tags})
 
     def hashed_json(self) -> str:
         """Canonical JSON of everything that determines the result (resources excluded)."""

@@ -26,6 +26,23 @@ MARKER_STATES = ("running", "done", "diverged", "failed", "cancelled", "preempte
 TERMINAL_STATES = ("done", "diverged")
 
 
+# Keys summaries written before the run-folder contract copied from the spec. A summary
+# holds results (and the run's id, kind, label and step target); readers take these from
+# spec.json, and an old summary that still holds them loads the same.
+SUMMARY_FROM_SPEC = (
+    "w_fmt",
+    "a_fmt",
+    "d_model",
+    "n_layers",
+    "lr",
+    "seed",
+    "budget",
+    "parent",
+    "branch_step",
+    "arm",
+)
+
+
 class StateMarker(TypedDict, total=False):
     """state.json: the run's own word on itself (heartbeat while running)."""
 

@@ -171,9 +171,10 @@ def expand_grid(grid: GridSpec, source: str | Path = "<grid>", *, yes: bool = Fa
             except ValueError as err:
                 raise GridError(f"{source}: axes.{axis}[{index}]: {err}") from None
         spec = _validate_point(source, spec_dict, point)
+        steps = None
         if spec.budget is not None:
             try:
-                spec, reason = _with_budget_steps(spec, grid.filters)
+                steps, reason = _budget_steps(spec, grid.filters)
             except (ArithmeticError, ValueError) as err:
                 where = ", ".join(f"axes.{axis}[{index}]" for axis, (index, _) in point.items())
                 raise GridError(
@@ -183,11 +184,21 @@ def expand_grid(grid: GridSpec, source: str | Path = "<grid>", *, yes: bool = Fa
             if reason:
                 dropped[reason] += 1
                 continue
+        spec = spec.resolve(steps)
         if spec.run_id in runs:
             dropped["duplicate"] += 1
             continue
         runs[spec.run_id] = spec
     return Expansion(grid=grid, runs=list(runs.values()), dropped=dropped)
+
+
+def frozen_grid_text(grid: GridSpec, source: str | Path) -> str:
+    """The grid as the sweep folder freezes it (grid.yaml): the top file with its includes
+    merged, so what a later command reads (``sweep intervene``: the launch section) is what
+    this launch ran with. Folders frozen before hold the top file alone."""
+    payload = grid.model_dump(mode="json", exclude_defaults=True)
+    header = f"# {source} as launched, includes merged\n"
+    return header + yaml.safe_dump(payload, sort_keys=False, allow_unicode=True)
 
 
 def grid_json_schema() -> dict[str, Any]:
@@ -392,22 +403,21 @@ def _validate_point(
     except ValidationError as err:
         where = ", ".join(f"axes.{axis}[{index}]" for axis, (index, _) in point.items())
         raise GridError(_format_validation(source, err, prefix="base/" + where)) from None
-    return spec.model_copy(update={"tags": {**spec.tags, "config": spec.label}})
+    return spec
 
 
-def _with_budget_steps(spec: RunSpec, filters: Filters) -> tuple[RunSpec, str | None]:
-    n_params = spec.model.param_count()
+def _budget_steps(spec: RunSpec, filters: Filters) -> tuple[int, str | None]:
+    """The step count a budget run gets, and the filter that drops it (None: kept)."""
+    n_params = spec.n_params
     steps = steps_for_budget(spec.budget, n_params, spec.tokens_per_step)
     if steps < filters.min_steps:
-        return spec, "min_steps"
+        return steps, "min_steps"
     if filters.tokens_per_param is not None:
         lo, hi = filters.tokens_per_param
         ratio = steps * spec.tokens_per_step / n_params
         if not lo < ratio < hi:
-            return spec, "tokens_per_param"
-    train = spec.train.model_copy(update={"steps": steps})
-    # Re-validate so derived fields (e.g. a checkpoint interval) see the real step count.
-    return RunSpec.model_validate({**spec.model_dump(), "train": train.model_dump()}), None
+            return steps, "tokens_per_param"
+    return steps, None
 
 
 def _format_validation(source: str | Path, err: ValidationError, prefix: str = "") -> str:
@@ -465,4 +475,4 @@ def _walk(root: type[BaseModel], loc: tuple) -> tuple[tuple, type[BaseModel] | N
 
 def total_flops(runs: list[RunSpec]) -> float:
     """Sum of C = 6·N·D over the runs, with D the realised tokens (steps x tokens/step)."""
-    return math.fsum(6.0 * r.model.param_count() * r.train.steps * r.tokens_per_step for r in runs)
+    return math.fsum(r.flops for r in runs)

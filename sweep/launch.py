@@ -13,7 +13,7 @@ from sweep import faults
 from sweep.errors import GridError
 from sweep.executors.base import Executor, LaunchHooks
 from sweep.executors.registry import AUTO, executor_class, resolve_executor_name
-from sweep.grid import Expansion, LaunchSettings, expand_grid, load_grid
+from sweep.grid import Expansion, LaunchSettings, expand_grid, frozen_grid_text, load_grid
 from sweep.journal import Journal, resolve_open
 from sweep.preflight import preflight
 from sweep.reconcile import current_records
@@ -137,7 +137,7 @@ def launch(
 
     def register() -> None:
         store.initialise(
-            Path(grid_path).read_text(),
+            frozen_grid_text(grid, grid_path),
             [s.run_id for s in expansion.runs],
             update_grid=options.update_grid,
         )
@@ -179,7 +179,8 @@ def submit_specs(
             else:
                 result.skipped[record.state] = result.skipped.get(record.state, 0) + 1
         # Longest runs first: a pool of workers then finishes sooner (no long tail).
-        result.to_submit.sort(key=_estimated_cost, reverse=True)
+        known = {spec.run_id: spec for spec in specs}
+        result.to_submit.sort(key=lambda r: _estimated_cost(r, known), reverse=True)
         attempts = {r.run_id: r.attempt + 1 for r in result.to_submit}
         run_dirs = [r.run_dir for r in result.to_submit]
         if on_start:
@@ -199,7 +200,8 @@ def submit_specs(
     return result
 
 
-def _estimated_cost(record: RunRecord) -> float:
-    """Relative cost of a run: steps x tokens per step x (parameters + a per-step overhead)."""
-    spec = RunSpec.model_validate(record.spec)
-    return spec.train.steps * spec.tokens_per_step * (spec.model.param_count() + 50_000)
+def _estimated_cost(record: RunRecord, known: dict[str, RunSpec]) -> float:
+    """Relative cost of a run: tokens x (parameters + a per-step overhead). The specs of this
+    launch are at hand; only a run from an earlier one (a branch) is read from its folder."""
+    spec = known.get(record.run_id) or RunSpec.model_validate(record.spec)
+    return spec.tokens * (spec.n_params + 50_000)

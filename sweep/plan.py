@@ -16,11 +16,9 @@ def plan_rows(runs: list[RunSpec], gpu_tflops: float = 150.0) -> list[dict[str, 
     they take spread over the run's GPUs (None for CPU runs)."""
     rows = []
     for spec in runs:
-        n_params = spec.model.param_count()
-        tokens = spec.train.steps * spec.tokens_per_step
+        n_params, tokens, flops = spec.n_params, spec.tokens, spec.flops
         res = spec.resources
         gpus = res.nodes * res.gpus
-        flops = 6.0 * n_params * tokens
         gpu_hours = flops / (gpu_tflops * 1e12) / 3600
         rows.append(
             {

@@ -98,7 +98,7 @@ def execute(run_dir: str | Path) -> int:
     if foreign:
         print(foreign, flush=True)
         return EXIT_OK
-    spec = RunSpec.model_validate_json((run_dir / "spec.json").read_text())
+    spec = RunSpec.model_validate_json(RunPaths(run_dir).spec.read_text())
     with joined(spec.resources.world_size) as world:
         if world.is_main:
             code = _lead(spec, run_dir, marker, world)
