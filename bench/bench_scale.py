@@ -23,6 +23,7 @@ from pathlib import Path
 
 import sweep.launch as launch_module
 from bench.bench_sweep import _sweep_command, make_sweep_folder
+from sweep.grid import LaunchSettings
 from sweep.launch import LaunchOptions, launch
 
 PLAN_TARGET_S = 30.0
@@ -79,7 +80,7 @@ def bench_plan_launch(tmp: Path, runs: int) -> None:
     )
     launch_module.make_executor = lambda *args: _NullExecutor()
     start, cpu_start = time.perf_counter(), time.process_time()
-    result = launch(grid, tmp / "launched", LaunchOptions(executor="local"))
+    result = launch(grid, tmp / "launched", LaunchOptions(LaunchSettings(executor="local")))
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     print(
         f"launch of {len(result.to_submit):,} runs (expand, freeze, write specs, select; no "

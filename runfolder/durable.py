@@ -19,7 +19,6 @@ submission journal) does so only after ``commit`` returns.
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import tempfile
 from pathlib import Path

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-
 from runfolder.records import write_cancel, write_state
 from sweep.errors import SweepError
+from sweep.executors import registry
 from sweep.store import RunRecord, SweepStore
 
 ACTIVE = ("queued", "running")
@@ -35,30 +32,27 @@ def cancel_runs(
         records = [r for r in records if r.run_id in run_ids]
     wanted = ("hung",) if hung_after_s is not None else ACTIVE
     active = [r for r in records if r.state in wanted and r.submission]
-    slurm = [r.submission for r in active if r.submission.executor == "slurm"]
-    if slurm:
-        from sweep.executors.slurm import SlurmExecutor
-
-        SlurmExecutor(store.root).cancel(slurm)
+    by_executor: dict[str, list[RunRecord]] = {}
     for record in active:
-        hung = record.state == "hung"
-        reason = "cancelled by `sweep cancel`"
-        if hung:
-            reason = f"hung at step {record.step} (no heartbeat); killed by `sweep cancel --hung`"
         # The request tells a run that receives SIGTERM to stop as cancelled, not preempted,
         # and makes the store read the run as cancelled until the run records it itself.
-        write_cancel(record.run_dir, record.attempt, reason)
-        if record.submission.executor != "slurm":
-            _signal_local(record, signal.SIGKILL if hung else signal.SIGTERM)
-        if hung:  # killed outright: the run cannot write its own final marker
+        write_cancel(record.run_dir, record.attempt, _reason(record))
+        by_executor.setdefault(record.submission.executor, []).append(record)
+    for name, group in by_executor.items():
+        cls = registry.known(name)
+        if cls is None:
+            raise SweepError(f"{store.root}: runs submitted by unknown executor {name!r}")
+        # A hung run makes no progress, so it never reaches a checkpoint: killed at once.
+        kill = hung_after_s is not None
+        cls.for_sweep(store.root).cancel([r.submission for r in group], kill=kill)
+    for record in active:
+        if record.state == "hung":  # killed outright: the run cannot write its own final marker
             marker = {**(record.marker or {}), "state": "cancelled", "attempt": record.attempt}
-            write_state(record.run_dir, {**marker, "reason": reason})
+            write_state(record.run_dir, {**marker, "reason": _reason(record)})
     return active
 
 
-def _signal_local(record: RunRecord, signum: int = signal.SIGTERM) -> None:
-    """Signal a local run's process: SIGTERM checkpoints and stops it, SIGKILL ends it."""
-    pid = (record.marker or {}).get("pid")
-    if pid:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(int(pid), signum)
+def _reason(record: RunRecord) -> str:
+    if record.state == "hung":
+        return f"hung at step {record.step} (no heartbeat); killed by `sweep cancel --hung`"
+    return "cancelled by `sweep cancel`"

@@ -20,6 +20,7 @@ from rich.console import Console
 from typer.core import TyperCommand
 
 from sweep.errors import GridError, SweepError
+from sweep.executors.registry import describe_choices
 from sweep.store import SweepStore
 from sweep.triage import HUNG_AFTER_S
 
@@ -36,6 +37,15 @@ err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 EXIT_RUNS_FAILED = 3
 
 SweepDirArg = Annotated[Path, typer.Argument(help="sweep folder (holds runs/)")]
+# The launch settings (sweep.grid.LaunchSettings) of every command that launches; each
+# overrides the grid's `launch:` section.
+ExecutorOpt = Annotated[str | None, typer.Option(help=describe_choices())]
+WorkersOpt = Annotated[int | None, typer.Option(help="local/ray: parallel runs")]
+PartitionOpt = Annotated[str | None, typer.Option(help="SLURM partition")]
+AccountOpt = Annotated[str | None, typer.Option(help="SLURM account")]
+QosOpt = Annotated[str | None, typer.Option(help="SLURM QOS")]
+ArrayParallelismOpt = Annotated[int | None, typer.Option(help="SLURM %% limit")]
+RayAddressOpt = Annotated[str | None, typer.Option(help="Ray cluster (default local)")]
 
 
 def _fail(message: str) -> None:
@@ -54,22 +64,20 @@ def _open_store(sweep_dir: Path) -> SweepStore:
 def launch(
     grid: Annotated[Path, typer.Argument(help="grid YAML")],
     sweep_dir: Annotated[Path | None, typer.Option(help="default: sweeps/<grid name>")] = None,
-    executor: Annotated[
-        str | None, typer.Option(help="local | slurm | ray | auto (slurm if sbatch exists)")
-    ] = None,
-    workers: Annotated[int | None, typer.Option(help="local/ray: parallel runs")] = None,
+    executor: ExecutorOpt = None,
+    workers: WorkersOpt = None,
     retry_failed: Annotated[bool, typer.Option(help="resubmit failed/cancelled runs")] = False,
     update_grid: Annotated[bool, typer.Option(help="accept a changed grid")] = False,
     dry_run: Annotated[bool, typer.Option(help="show the plan, run nothing")] = False,
-    partition: Annotated[str | None, typer.Option(help="SLURM partition")] = None,
-    account: Annotated[str | None, typer.Option(help="SLURM account")] = None,
-    qos: Annotated[str | None, typer.Option(help="SLURM QOS")] = None,
-    array_parallelism: Annotated[int | None, typer.Option(help="SLURM %% limit")] = None,
-    ray_address: Annotated[str | None, typer.Option(help="Ray cluster (default local)")] = None,
+    partition: PartitionOpt = None,
+    account: AccountOpt = None,
+    qos: QosOpt = None,
+    array_parallelism: ArrayParallelismOpt = None,
+    ray_address: RayAddressOpt = None,
     yes: Annotated[bool, typer.Option(help="go ahead beyond launch.max_runs points")] = False,
 ) -> None:
     """Expand GRID into runs and run those not yet finished (idempotent)."""
-    from sweep.launch import LaunchOptions
+    from sweep.launch import LaunchOptions, command_line_settings
     from sweep.launch import launch as do_launch
     from sweep.progress import LaunchProgress
 
@@ -77,28 +85,31 @@ def launch(
         plan(grid, yes=yes)
         return
     progress = LaunchProgress(console)
-    options = LaunchOptions(
-        executor,
-        workers,
-        retry_failed,
-        update_grid,
-        False,
-        partition,
-        account,
-        qos,
-        array_parallelism,
-        ray_address,
-        on_event=progress.on_event,
-        on_chunk=progress.on_chunk,
-        yes=yes,
-    )
     try:
+        settings = command_line_settings(
+            executor=executor,
+            workers=workers,
+            partition=partition,
+            account=account,
+            qos=qos,
+            array_parallelism=array_parallelism,
+            ray_address=ray_address,
+        )
+        options = LaunchOptions(
+            settings,
+            retry_failed=retry_failed,
+            update_grid=update_grid,
+            on_event=progress.on_event,
+            on_chunk=progress.on_chunk,
+            yes=yes,
+        )
         with progress:
             result = do_launch(grid, sweep_dir, options, on_start=progress.start)
             ran = list(result.to_submit)
-            # Blocking executors: crashed runs with retry budget left run again right away
-            # (each round spends budget, so this ends); SLURM's are retried by the next launch.
-            while result.executor != "slurm" and _crash_retries_due(result):
+            # Executors that wait for their runs: crashed runs with retry budget left run
+            # again right away (each round spends budget, so this ends); the others' are
+            # retried by the next launch.
+            while result.waited_for_runs and _crash_retries_due(result):
                 retry = dataclasses.replace(options, retry_failed=False, update_grid=False)
                 result = do_launch(grid, sweep_dir, retry, on_start=progress.start)
                 ran += result.to_submit
@@ -124,9 +135,9 @@ def launch(
 
 
 def _failed_runs(result, ran) -> int:
-    """Runs a blocking launch (local, ray) ran that ended failed or vanished (stale);
-    SLURM launches return once submitted, so their outcome is not known yet."""
-    if result.executor == "slurm" or not ran:
+    """Runs a launch that waited for them (local, ray) ran that ended failed or vanished
+    (stale); other launches (SLURM) return once submitted, their outcome is not known yet."""
+    if not result.waited_for_runs or not ran:
         return 0
     store = SweepStore(result.sweep_dir)
     now = time.time()
@@ -382,31 +393,40 @@ def intervene(
         list[int] | None, typer.Option(help="branch this many steps before --at (repeatable)")
     ] = None,
     arms: Annotated[str, typer.Option(help="comma-separated arms, 'all' or 'paper'")] = "all",
-    executor: Annotated[str | None, typer.Option(help="local | slurm | ray | auto")] = None,
-    workers: Annotated[int | None, typer.Option(help="local/ray: parallel runs")] = None,
+    executor: ExecutorOpt = None,
+    workers: WorkersOpt = None,
     retry_failed: Annotated[bool, typer.Option(help="resubmit failed/cancelled arms")] = False,
     dry_run: Annotated[bool, typer.Option(help="list the branches, run nothing")] = False,
-    partition: Annotated[str | None, typer.Option(help="SLURM partition")] = None,
-    ray_address: Annotated[str | None, typer.Option(help="Ray cluster (default local)")] = None,
+    partition: PartitionOpt = None,
+    account: AccountOpt = None,
+    qos: QosOpt = None,
+    array_parallelism: ArrayParallelismOpt = None,
+    ray_address: RayAddressOpt = None,
 ) -> None:
     """Branch RUNS at a step with one precision change per arm; launch the arms as runs."""
     from sweep.intervene import intervene as do_intervene
     from sweep.intervene import parse_arms, unstable_runs
-    from sweep.launch import LaunchOptions
+    from sweep.launch import LaunchOptions, command_line_settings
     from sweep.progress import LaunchProgress
 
     progress = LaunchProgress(console)
-    options = LaunchOptions(
-        executor=executor,
-        workers=workers,
-        retry_failed=retry_failed,
-        dry_run=dry_run,
-        partition=partition,
-        ray_address=ray_address,
-        on_event=progress.on_event,
-        on_chunk=progress.on_chunk,
-    )
     try:
+        settings = command_line_settings(
+            executor=executor,
+            workers=workers,
+            partition=partition,
+            account=account,
+            qos=qos,
+            array_parallelism=array_parallelism,
+            ray_address=ray_address,
+        )
+        options = LaunchOptions(
+            settings,
+            retry_failed=retry_failed,
+            dry_run=dry_run,
+            on_event=progress.on_event,
+            on_chunk=progress.on_chunk,
+        )
         arm_names = parse_arms(arms)
         parents = list(runs or [])
         if unstable:

@@ -23,6 +23,7 @@ from models.config import RunSpec
 from models.flops import steps_for_budget
 from mx.spec import FORMATS
 from sweep.errors import GridError
+from sweep.executors.registry import executor_choices
 from sweep.safe_yaml import YamlBudgetError, load_untrusted
 
 SPECIAL_AXES = ("budget", "seed", "precision", "shape", "d_model")
@@ -50,14 +51,17 @@ class Filters(_Strict):
 
 
 class LaunchSettings(_Strict):
-    """Executor defaults a grid may carry; command-line flags override them."""
+    """How runs are launched: a grid's ``launch`` section, and the flags of every command
+    that launches (``sweep launch``, ``sweep intervene``), which override it."""
 
-    executor: Literal["auto", "local", "slurm", "ray"] = "auto"
+    # Any registered executor (sweep.executors.registry), or auto.
+    executor: Literal[executor_choices()] = "auto"  # type: ignore[valid-type]
     workers: int | None = Field(default=None, gt=0)
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
     array_parallelism: int | None = Field(default=None, gt=0)
+    ray_address: str | None = Field(default=None, description="Ray cluster (default: local)")
     max_runs: int = Field(
         default=DEFAULT_MAX_RUNS, gt=0, description="grids expanding to more ask for --yes"
     )

@@ -16,14 +16,9 @@ from pathlib import Path
 from models.config import Branch, RunSpec
 from mx.arms import ARMS, PAPER_ARMS, apply_arm
 from sweep.errors import GridError, SweepError
+from sweep.executors.registry import resolve_executor_name
 from sweep.grid import LaunchSettings
-from sweep.launch import (
-    LaunchOptions,
-    LaunchResult,
-    check_resources,
-    resolve_executor_name,
-    submit_specs,
-)
+from sweep.launch import LaunchOptions, LaunchResult, check_specs, submit_specs
 from sweep.store import RunRecord, SweepStore
 
 # "all": every arm except the paper's variants ("paper" selects those, see mx.arms).
@@ -157,9 +152,10 @@ def intervene(
         plan = plan_branches(store, parent, at, before)
         plans.append(plan)
         specs += branch_specs(parent_spec, plan, arms)
-    grid_launch = _frozen_launch_settings(store)
-    executor_name = resolve_executor_name(options.executor or grid_launch.executor)
-    check_resources(str(sweep_dir), specs, executor_name)
+    # The sweep's frozen launch section under the command's flags, as for `sweep launch`.
+    settings = options.effective(_frozen_launch_settings(store))
+    executor_name = resolve_executor_name(settings.executor)
+    check_specs(str(sweep_dir), specs, executor_name, settings)
     result = LaunchResult(None, executor=executor_name, sweep_dir=store.root)
     if options.dry_run:
         result.to_submit = [
@@ -179,7 +175,7 @@ def intervene(
     submit_specs(
         store,
         specs,
-        grid_launch,
+        settings,
         options,
         lambda: store.add_branches(ids),
         on_start,

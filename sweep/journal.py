@@ -32,9 +32,9 @@ from typing import Any
 
 from runfolder.atomic import atomic_write_json, read_json
 from runfolder.records import Submission
-from sweep import faults
 from sweep.durable import record_submissions
 from sweep.errors import SweepError
+from sweep.executors.slurm import SUBMITIT_FOLDER, SlurmExecutor, cancel_jobs, jobs_by_comment
 from sweep.store import SweepStore
 
 JOURNAL_DIR = "submissions"
@@ -73,9 +73,13 @@ class Resolution:
 
 
 class Journal:
-    """The write-ahead records of one sweep folder's submissions (call under its lock)."""
+    """The write-ahead records of one sweep folder's submissions (call under its lock).
 
-    def __init__(self, store: SweepStore, executor: str = "slurm") -> None:
+    Only SLURM submits jobs that outlive their launcher (``writes_journal``): the journal
+    asks squeue for, and scancels, what a killed launcher may have queued.
+    """
+
+    def __init__(self, store: SweepStore, executor: str = SlurmExecutor.name) -> None:
         self.store = store
         self.executor = executor
 
@@ -161,8 +165,6 @@ def resolve_open(store: SweepStore, *, strict: bool) -> Resolution:
         resolution.adopted.append(intent["token"])
     unrecorded = [i for i in intents if i["state"] == OPEN]
     if unrecorded:
-        from sweep.executors.slurm import cancel_jobs, jobs_by_comment
-
         alive = jobs_by_comment(COMMENT_PREFIX)
         if alive is None:
             if strict:
@@ -207,7 +209,7 @@ def remove_stray_files(sweep_dir: Path, cancelled_jobs: list[str]) -> int:
 
     Only under the sweep lock: then no launch is between writing and renaming them.
     """
-    folder = Path(sweep_dir) / "slurm"
+    folder = Path(sweep_dir) / SUBMITIT_FOLDER
     if not folder.is_dir():
         return 0
     arrays = {job.split("_")[0] for job in cancelled_jobs}

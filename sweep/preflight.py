@@ -22,10 +22,15 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from models.config import RunSpec, TextFileData, TokenFileData
 from runfolder.atomic import atomic_write_json, read_json
 from sweep.errors import GridError
+
+if TYPE_CHECKING:
+    from sweep.executors.base import BaseExecutor
+    from sweep.grid import LaunchSettings
 
 SAMPLE_CHUNKS = 64
 CHUNK_TOKENS = 1 << 16
@@ -301,13 +306,10 @@ def _query(argv: list[str]) -> str | None:
 def preflight(
     source: str,
     specs: list[RunSpec],
-    executor: str,
-    partition: str | None = None,
-    account: str | None = None,
-    qos: str | None = None,
+    executor: type[BaseExecutor],
+    settings: LaunchSettings,
 ) -> None:
     """Every check that applies to this launch; raises GridError (exit 2) on the first."""
     check_data(source, specs)
     check_modules(source, specs)
-    if executor == "slurm":
-        check_cluster(source, specs, partition, account, qos)
+    executor.check_cluster(source, specs, settings)

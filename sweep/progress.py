@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from sweep.executors.registry import executor_class
+
 if TYPE_CHECKING:
     from sweep.executors.slurm import ChunkSubmitted
 
@@ -15,9 +17,10 @@ if TYPE_CHECKING:
 class LaunchProgress:
     """Rich progress bars fed by executor callbacks; a no-op until ``start`` is called.
 
-    Executors that run the runs (local, ray) report each run's end to ``on_event``; the
-    SLURM executor reports each array chunk sbatch accepted to ``on_chunk``, which prints
-    one line per chunk and, on a terminal only, moves a bar over the chunks.
+    Executors that wait for their runs (``waits_for_runs``: local, ray) report each run's
+    end to ``on_event``; the SLURM executor reports each array chunk sbatch accepted to
+    ``on_chunk``, which prints one line per chunk and, on a terminal only, moves a bar over
+    the chunks.
     """
 
     def __init__(self, console: Console):
@@ -35,15 +38,16 @@ class LaunchProgress:
             self._progress.stop()
 
     def start(self, records, executor: str) -> None:
-        """Called by launch once it knows which runs it submits."""
+        """Called by launch once it knows which runs it submits (and the executor's name)."""
         if not records:
             return
-        if self._progress is not None and executor != "slurm":
+        runs_end_here = executor_class(executor).waits_for_runs
+        if self._progress is not None and runs_end_here:
             # A retry round of the same launch: its runs join the bar already shown.
             total = self._progress.tasks[0].total or 0
             self._progress.update(self._task, total=total + len(records))
             return
-        if executor != "slurm":
+        if runs_end_here:
             self._show("runs", len(records), "")
         elif self.console.is_terminal:
             # The number of chunks is the executor's to work out (MaxArraySize).

@@ -33,6 +33,7 @@ from runfolder.records import (
     write_submitted,
 )
 from sweep.errors import SweepError
+from sweep.executors.registry import known
 
 RUN_STATES = (
     "pending",
@@ -249,7 +250,8 @@ def _submitted_state(submitted: dict, scheduler: str | None, now: float) -> str:
         return "stale"
     # No scheduler answer: a blocking launcher (local pool, Ray driver) holds its runs only
     # while its process lives; a Ray driver killed with its allocation leaves them stale.
-    if submitted.get("executor") in ("local", "ray"):
+    executor = known(submitted.get("executor"))
+    if executor is not None and executor.tracks_pids:
         return "queued" if _process_alive(submitted) else "stale"
     return "queued"
 

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import socket
-import subprocess
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from sweep.executors.registry import known
 from sweep.store import RunRecord, _process_alive
 
 TRIAGED = ("failed", "diverged", "stale", "hung")
@@ -68,8 +67,10 @@ def mark_hung(records: Iterable[RunRecord], hung_after_s: float, now: float) -> 
             continue
         if now - float(marker.get("heartbeat", now)) <= hung_after_s:
             continue
-        # SLURM said running (record.state), or the local process still exists.
-        local = (record.submitted or {}).get("executor") != "slurm"
+        # The scheduler said running (record.state), or the run's process on this host
+        # still exists (executors whose runs are processes here, or no submission known).
+        executor = known((record.submitted or {}).get("executor"))
+        local = executor is None or executor.tracks_pids
         here = marker.get("host") == socket.gethostname() and marker.get("pid")
         if record.state == "running" or (local and here and _process_alive(marker)):
             record.state = "hung"
@@ -80,7 +81,7 @@ def triage(records: list[RunRecord], scheduler: dict[str, tuple[str, str]] | Non
 
     ``scheduler`` maps run ids to (final SLURM state, exit code) when known.
     """
-    scheduler = scheduler if scheduler is not None else sacct_outcomes(records)
+    scheduler = scheduler if scheduler is not None else scheduler_outcomes(records)
     groups: dict[tuple[str, str], FailureGroup] = {}
     for record in records:
         if record.state not in TRIAGED:
@@ -151,36 +152,19 @@ def log_tail(run_dir: Path, lines: int = TAIL_LINES) -> tuple[Path | None, list[
     return newest, [line for line in text.splitlines() if line.strip()][-lines:]
 
 
-def sacct_outcomes(records: list[RunRecord]) -> dict[str, tuple[str, str]]:
-    """Final SLURM state and exit code of the triaged SLURM runs, from one ``sacct`` call;
-    empty when there are none or sacct is not here."""
-    by_job: dict[str, str] = {}
+def scheduler_outcomes(records: list[RunRecord]) -> dict[str, tuple[str, str]]:
+    """Final scheduler state and exit code of the triaged runs, one call per executor that
+    has a scheduler (SLURM: one ``sacct``); empty when there are none or it is not here."""
+    by_executor: dict[str, list] = {}
     for record in records:
-        submitted = record.submitted or {}
-        slurm = submitted.get("executor") == "slurm" and submitted.get("job_id")
-        if record.state in TRIAGED and slurm:
-            by_job[str(submitted["job_id"])] = record.run_id
-    if not by_job or not shutil.which("sacct"):
-        return {}
-    arrays = sorted({job.split("_")[0] for job in by_job})
-    argv = ["sacct", "-n", "-P", "-X", "-o", "JobID,State,ExitCode", "-j", ",".join(arrays)]
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    return {by_job[job]: outcome for job, outcome in parse_sacct(out).items() if job in by_job}
-
-
-def parse_sacct(text: str) -> dict[str, tuple[str, str]]:
-    """``JobID|State|ExitCode`` lines into {job id: (state, exit code)}; the last line for a
-    job wins (a requeued task appears once per attempt), "CANCELLED by 0" becomes CANCELLED."""
-    out: dict[str, tuple[str, str]] = {}
-    for line in text.splitlines():
-        parts = [part.strip() for part in line.split("|")]
-        if len(parts) < 3 or not parts[0]:
-            continue
-        out[parts[0]] = (parts[1].split(" ")[0], parts[2])
-    return out
+        if record.state in TRIAGED and record.submission is not None:
+            by_executor.setdefault(record.submission.executor, []).append(record.submission)
+    outcomes: dict[str, tuple[str, str]] = {}
+    for name, submissions in by_executor.items():
+        executor = known(name)
+        if executor is not None:
+            outcomes.update(executor.final_outcomes(submissions))
+    return outcomes
 
 
 def render_failures(groups: list[FailureGroup]) -> str:

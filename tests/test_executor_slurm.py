@@ -36,6 +36,7 @@ from sweep.executors.slurm import (
     slurm_available,
     task_outcome,
 )
+from sweep.grid import LaunchSettings
 
 STATE_TIMEOUT_S = 60
 
@@ -226,7 +227,7 @@ def test_unreachable_controller_reads_unknown_not_gone(
 @requires_slurm
 def test_array_lifecycle_cancel_and_kill(tmp_path: Path, slurm_jobs: list[Submission]):
     runs = make_run_dirs(tmp_path, 4)
-    executor = _executor(tmp_path, HELD, array_parallelism=2)
+    executor = _executor(tmp_path, HELD, settings=LaunchSettings(array_parallelism=2))
     subs = executor.submit(runs, {"run0": 1, "run1": 1, "run2": 2, "run3": 1})
     slurm_jobs += subs
 
@@ -408,7 +409,11 @@ def test_real_entry_point_trains_runs_on_slurm(
     sweep_dir = tmp_path / "sweep"
 
     chunks: list[ChunkSubmitted] = []
-    first = launch(grid_path, sweep_dir, LaunchOptions(executor="slurm", on_chunk=chunks.append))
+    first = launch(
+        grid_path,
+        sweep_dir,
+        LaunchOptions(LaunchSettings(executor="slurm"), on_chunk=chunks.append),
+    )
     slurm_jobs += first.submissions
     assert len(first.submissions) == 2
     array = first.submissions[0].job_id.split("_")[0]
@@ -422,5 +427,5 @@ def test_real_entry_point_trains_runs_on_slurm(
     for record in store.records():
         assert record.step == record.total_steps > 0
         assert (record.run_dir / "logs" / "attempt-1.out").exists()
-    again = launch(grid_path, sweep_dir, LaunchOptions(executor="slurm"))
+    again = launch(grid_path, sweep_dir, LaunchOptions(LaunchSettings(executor="slurm")))
     assert again.submissions == [], "a finished sweep must not be resubmitted"

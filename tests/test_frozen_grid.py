@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sweep.grid import expand_grid, load_grid
+from sweep.grid import LaunchSettings, expand_grid, load_grid
 from sweep.intervene import intervene
 from sweep.launch import LaunchOptions, launch
 
@@ -34,7 +34,7 @@ def launched(tmp_path_factory) -> tuple[Path, Path]:
     """(grid file, sweep folder) of the grid launched once (one 4-step proxy run)."""
     tmp_path = tmp_path_factory.mktemp("frozen")
     grid, sweep_dir = _grids(tmp_path), tmp_path / "sweep"
-    result = launch(grid, sweep_dir, LaunchOptions(executor="local", workers=1))
+    result = launch(grid, sweep_dir, LaunchOptions(LaunchSettings(executor="local", workers=1)))
     assert [s.executor for s in result.submissions] == ["local"]
     return grid, sweep_dir
 

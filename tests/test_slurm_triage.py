@@ -18,9 +18,9 @@ import yaml
 from executor_fixtures import requires_slurm, wait_until
 
 import sweep.launch as launch_module
+from runfolder.atomic import read_json
 from sweep.launch import LaunchOptions, launch
 from sweep.retries import RETRIES_FILE
-from runfolder.atomic import read_json
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, requires_slurm]
 SWEEP = [sys.executable, "-m", "sweep.cli"]

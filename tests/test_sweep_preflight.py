@@ -11,6 +11,7 @@ import pytest
 import sweep.preflight as preflight_module
 from models.config import RunSpec
 from sweep.errors import GridError
+from sweep.grid import LaunchSettings
 from sweep.launch import LaunchOptions, launch
 from sweep.preflight import (
     check_cluster,
@@ -161,12 +162,12 @@ def test_launch_refuses_before_writing_anything(tmp_path, fake_slurm):
     )
     sweep_dir = tmp_path / "sweep"
     with pytest.raises(GridError, match="none.bin: does not exist"):
-        launch(grid, sweep_dir, LaunchOptions(executor="local"))
+        launch(grid, sweep_dir, LaunchOptions(LaunchSettings(executor="local")))
     tokens = tmp_path / "none.bin"
     np.arange(100, dtype=np.uint16).tofile(tokens)  # ids up to 99 >= vocab 64
     with pytest.raises(GridError, match="token id 99 >= model.vocab_size=64"):
-        launch(grid, sweep_dir, LaunchOptions(executor="slurm", partition="nope"))
+        launch(grid, sweep_dir, LaunchOptions(LaunchSettings(executor="slurm", partition="nope")))
     np.arange(60, dtype=np.uint16).tofile(tokens)
     with pytest.raises(GridError, match="launch.partition 'nope' does not exist"):
-        launch(grid, sweep_dir, LaunchOptions(executor="slurm", partition="nope"))
+        launch(grid, sweep_dir, LaunchOptions(LaunchSettings(executor="slurm", partition="nope")))
     assert not sweep_dir.exists()

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from sweep.executors.slurm import parse_sacct
 from sweep.store import SweepStore
-from sweep.triage import describe_exit, mask, parse_sacct
+from sweep.triage import describe_exit, mask
 
 OOM = "RuntimeError: CUDA out of memory. Tried to allocate {} GiB (run {} at /scratch/{}/x.pt)"
 # What `sacct -n -P -X -o JobID,State,ExitCode` prints (SLURM 23.x), a requeued task twice.

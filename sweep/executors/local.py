@@ -10,7 +10,6 @@ torchrun's variables (``spawn_ranks``).
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import os
 import signal
 import socket
@@ -19,16 +18,32 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from models.config import RunSpec
 from runfolder.codes import EXIT_OK, EXIT_PREEMPTED
 from runfolder.paths import RunPaths
 from runfolder.records import Submission, read_state, write_state
-from sweep.executors.base import die_with_parent, run_command
+from sweep.errors import GridError
+from sweep.executors.base import (
+    BaseExecutor,
+    LaunchHooks,
+    check_fits_cores,
+    cpus_per_run,
+    die_with_parent,
+    run_command,
+)
+from sweep.executors.processes import pid_states, signal_runs, stop_signal
+from sweep.executors.registry import register
+
+if TYPE_CHECKING:
+    import multiprocessing
+    from concurrent.futures import Future, ProcessPoolExecutor
+
+    from models.config import RunSpec
+    from sweep.grid import LaunchSettings
+
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
 # How long the other ranks get to notice a failed rank (and rank 0 to record the failure)
@@ -60,20 +75,22 @@ def _warm_worker(threads: int) -> None:
 
 
 def _run_in_worker(run_dir: str, attempt: int) -> RunOutcome:
+    from models.config import RunSpec
     from sweep.run import execute
 
     started = time.time()
-    log_dir = Path(run_dir) / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    # Redirect at the file-descriptor level so C++/torch warnings land in the run's log too.
+    paths = RunPaths(run_dir)
+    paths.logs.mkdir(parents=True, exist_ok=True)
+    # One log per attempt, both streams: redirected at the file-descriptor level so
+    # C++/torch warnings land in the run's log too.
     saved = os.dup(1), os.dup(2)
-    with open(log_dir / f"attempt-{attempt}.log", "ab", buffering=0) as log:
+    with open(paths.log(attempt, "log"), "ab", buffering=0) as log:
         sys.stdout.flush()
         sys.stderr.flush()
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
         try:
-            spec = RunSpec.model_validate_json((Path(run_dir) / "spec.json").read_text())
+            spec = RunSpec.model_validate_json(paths.spec.read_text())
             nprocs = spec.resources.world_size
             if nprocs == 1:
                 code = execute(run_dir)
@@ -158,18 +175,51 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-class LocalExecutor:
+@register("local")
+class LocalExecutor(BaseExecutor):
     """Runs each run folder in a pool of ``workers`` processes (default: cores / cpus)."""
 
-    name = "local"
+    auto_priority = 1  # always here: what ``auto`` falls back to
 
     def __init__(
-        self, workers: int | None = None, cpus_per_run: int = 1, on_event: OnEvent | None = None
+        self,
+        workers: int | None = None,
+        cpus_per_run: int = 1,
+        on_event: OnEvent | None = None,
+        sweep_dir: Path | None = None,
     ):
         cores = os.cpu_count() or 1
         self.workers = workers or max(1, cores // cpus_per_run)
         self.cpus_per_run = cpus_per_run
         self.on_event = on_event or (lambda event, run_id, outcome: None)
+        self.sweep_dir = sweep_dir
+
+    @classmethod
+    def for_launch(
+        cls, sweep_dir: Path, settings: LaunchSettings, specs: list[RunSpec], hooks: LaunchHooks
+    ) -> LocalExecutor:
+        return cls(settings.workers, cpus_per_run(specs), hooks.on_event, sweep_dir)
+
+    @classmethod
+    def for_sweep(cls, sweep_dir: Path) -> LocalExecutor:
+        return cls(sweep_dir=sweep_dir)
+
+    @classmethod
+    def check_specs(cls, source: str, specs: list[RunSpec]) -> None:
+        """No GPU runs without a CUDA device, no more cores than here, one node."""
+        for spec in specs:
+            if spec.resources.gpus and not _has_cuda_device():
+                raise GridError(
+                    f"{source}: run {spec.run_id} asks for resources.gpus="
+                    f"{spec.resources.gpus} but this machine has no GPU; use "
+                    "--executor slurm or set resources.gpus: 0"
+                )
+            check_fits_cores(source, [spec])
+            if spec.resources.nodes > 1:
+                raise GridError(
+                    f"{source}: run {spec.run_id} asks for resources.nodes="
+                    f"{spec.resources.nodes}; only the slurm executor spans nodes"
+                )
 
     def submit(self, run_dirs: list[Path], attempts: dict[str, int]) -> list[Submission]:
         """Run everything; return the submissions once all runs have ended."""
@@ -188,6 +238,10 @@ class LocalExecutor:
         SIGINT/SIGTERM to the launcher stop dispatching and SIGTERM the workers, whose runs
         checkpoint and end as preempted; the next launch resumes them.
         """
+        import multiprocessing
+        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+        from concurrent.futures.process import BrokenProcessPool
+
         context = multiprocessing.get_context("spawn")
         unstarted: list[Path] = []
         stop = _StopRequest()
@@ -233,11 +287,17 @@ class LocalExecutor:
         return unstarted
 
     def query(self, submissions: list[Submission]) -> dict[str, str]:
-        """A finished local launch holds nothing: markers and the launcher's pid say the rest."""
-        return {}
+        """Through the pids in the run folders: the run's process, else its launcher's."""
+        return pid_states(self._sweep_dir(), submissions)
 
-    def cancel(self, submissions: list[Submission]) -> None:
-        """Local runs stop with their launcher (Ctrl-C checkpoints them)."""
+    def cancel(self, submissions: list[Submission], *, kill: bool = False) -> None:
+        """Signal the runs' processes: SIGTERM checkpoints and stops them, ``kill`` SIGKILLs."""
+        signal_runs(self._sweep_dir(), submissions, stop_signal(kill))
+
+    def _sweep_dir(self) -> Path:
+        if self.sweep_dir is None:
+            raise ValueError("query/cancel need the sweep folder: LocalExecutor(sweep_dir=...)")
+        return self.sweep_dir
 
 
 class _StopRequest:
@@ -298,3 +358,7 @@ def record_killed(run_dir: Path, exit_code: int | None) -> None:
 
 def _started(run_dir: Path) -> bool:
     return RunPaths(run_dir).state.exists()
+
+
+def _has_cuda_device() -> bool:
+    return Path("/dev/nvidiactl").exists()

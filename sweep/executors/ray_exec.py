@@ -13,11 +13,23 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runfolder.records import Submission
-from sweep.executors.base import run_command
-from sweep.executors.slurm import launch_logged
+from sweep.errors import GridError
+from sweep.executors.base import (
+    BaseExecutor,
+    LaunchHooks,
+    check_fits_cores,
+    cpus_per_run,
+    run_command,
+)
+from sweep.executors.processes import launch_logged, pid_states, signal_runs, stop_signal
+from sweep.executors.registry import register
+
+if TYPE_CHECKING:
+    from models.config import RunSpec
+    from sweep.grid import LaunchSettings
 
 
 @dataclass(frozen=True)
@@ -42,10 +54,9 @@ def _run_trial(config: dict[str, Any], jobs: dict[str, tuple[list[str], str, int
         raise RuntimeError(f"{argv[0]} for {run_dir} exited with {returncode}; see its logs/")
 
 
-class RayExecutor:
+@register("ray")
+class RayExecutor(BaseExecutor):
     """Run each run folder as a Ray Tune trial on a local Ray or an existing cluster."""
-
-    name = "ray"
 
     def __init__(
         self,
@@ -55,6 +66,7 @@ class RayExecutor:
         cpus_per_run: float = 1,
         command: Callable[[Path], list[str]] = run_command,
         on_event: OnEvent | None = None,
+        sweep_dir: Path | None = None,
     ) -> None:
         if num_cpus is not None and num_cpus < 1:
             raise ValueError(f"num_cpus must be >= 1, got {num_cpus}")
@@ -67,7 +79,36 @@ class RayExecutor:
         self.cpus_per_run = cpus_per_run
         self.command = command
         self.on_event = on_event
+        self.sweep_dir = sweep_dir
         self.outcomes: dict[str, TrialOutcome] = {}
+
+    @classmethod
+    def for_launch(
+        cls, sweep_dir: Path, settings: LaunchSettings, specs: list[RunSpec], hooks: LaunchHooks
+    ) -> RayExecutor:
+        return cls(
+            address=settings.ray_address,
+            num_cpus=settings.workers,
+            cpus_per_run=cpus_per_run(specs),
+            on_event=hooks.on_event,
+            sweep_dir=sweep_dir,
+        )
+
+    @classmethod
+    def for_sweep(cls, sweep_dir: Path) -> RayExecutor:
+        return cls(sweep_dir=sweep_dir)
+
+    @classmethod
+    def check_specs(cls, source: str, specs: list[RunSpec]) -> None:
+        """No more cores than here, one process per run (a trial starts one command)."""
+        for spec in specs:
+            check_fits_cores(source, [spec])
+            if spec.resources.world_size > 1:
+                raise GridError(
+                    f"{source}: run {spec.run_id} asks for {spec.resources.world_size} "
+                    "processes (resources.nodes x tasks_per_node); only the local and slurm "
+                    "executors start multi-process runs"
+                )
 
     def submit(self, run_dirs: list[Path], attempts: dict[str, int]) -> list[Submission]:
         """Run every folder as a trial and return once all have ended (job_id = trial id)."""
@@ -104,11 +145,22 @@ class RayExecutor:
         ]
 
     def query(self, submissions: list[Submission]) -> dict[str, str]:
-        """Trials never outlive `submit`, so Ray holds none of them any more."""
-        return {sub.run_id: "gone" for sub in submissions}
+        """Trials never outlive `submit`: the ones this executor ran are gone; of another
+        launch's, the pids in the run folders tell (the trial's process, else its driver)."""
+        ours = [sub for sub in submissions if sub.run_id in self.outcomes]
+        others = [sub for sub in submissions if sub.run_id not in self.outcomes]
+        if self.sweep_dir is None:  # no run folders to look in
+            ours, others = submissions, []
+        return {
+            **{sub.run_id: "gone" for sub in ours},
+            **(pid_states(self.sweep_dir, others) if others else {}),
+        }
 
-    def cancel(self, submissions: list[Submission]) -> None:
-        """Nothing to cancel: trials end with `submit` (interrupting it stops them)."""
+    def cancel(self, submissions: list[Submission], *, kill: bool = False) -> None:
+        """Signal the trials' run processes (SIGTERM checkpoints them; ``kill``: SIGKILL);
+        a trial whose command ends so is reported failed, its run folder says cancelled."""
+        if self.sweep_dir is not None:
+            signal_runs(self.sweep_dir, submissions, stop_signal(kill))
 
 
 def _fit(

@@ -28,9 +28,21 @@ from typing import TYPE_CHECKING, Any
 from runfolder.codes import EXIT_PREEMPTED
 from runfolder.records import Submission
 from sweep import faults
-from sweep.executors.base import ATTEMPT_ENV, TOKEN_ENV, die_with_parent, run_command
+from sweep.errors import GridError
+from sweep.executors.base import (
+    ATTEMPT_ENV,
+    TOKEN_ENV,
+    BaseExecutor,
+    LaunchHooks,
+    cpus_per_run,
+    run_command,
+)
+from sweep.executors.processes import launch_logged
+from sweep.executors.registry import register
 
 if TYPE_CHECKING:
+    from models.config import RunSpec
+    from sweep.grid import LaunchSettings
     from sweep.journal import Journal
 
 _QUEUED = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD"}
@@ -48,6 +60,8 @@ _RUNNING = {
 _FOLDED_ARRAY = re.compile(r"^(?P<job>\d+)_\[(?P<ranges>[\d,\-]+)(?:%\d+)?\]$")
 _FORWARDED = (signal.SIGTERM, signal.SIGUSR2)
 _SCHEDULER_TIMEOUT_S = 60
+# submitit's folder (pickles, batch scripts, its own logs) inside the sweep folder.
+SUBMITIT_FOLDER = "slurm"
 
 
 @dataclass(frozen=True)
@@ -168,28 +182,6 @@ def _scheduler(argv: list[str]) -> subprocess.CompletedProcess[str]:
         return subprocess.CompletedProcess(argv, 127, "", str(err))
 
 
-def launch_logged(
-    argv: list[str], run_dir: Path, attempt: int, rank: int = 0, env: dict[str, str] | None = None
-) -> subprocess.Popen[bytes]:
-    """Start argv with stdout/stderr appended to <run_dir>/logs/attempt-<attempt>.out|err
-    (rank r > 0 of a multi-process run: attempt-<attempt>.rank<r>.out|err)."""
-    logs = run_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    stem = f"attempt-{attempt}" + (f".rank{rank}" if rank else "")
-    with (
-        open(logs / f"{stem}.out", "ab") as out,
-        open(logs / f"{stem}.err", "ab") as err,
-    ):
-        return subprocess.Popen(
-            argv,
-            stdout=out,
-            stderr=err,
-            stdin=subprocess.DEVNULL,
-            preexec_fn=die_with_parent,
-            env=None if env is None else {**os.environ, **env},
-        )
-
-
 def task_outcome(returncode: int, received: set[int]) -> str:
     """ "done", "requeue" or "failed" for a child's exit code and the signals the task got.
 
@@ -250,23 +242,29 @@ def _requeue_self() -> None:
         print(f"requeue of {job} refused: {result.stderr.strip()}", file=sys.stderr)
 
 
-class SlurmExecutor:
-    """Submit run folders as submitit job arrays, one sbatch per chunk below MaxArraySize."""
+@register("slurm")
+class SlurmExecutor(BaseExecutor):
+    """Submit run folders as submitit job arrays, one sbatch per chunk below MaxArraySize.
 
-    name = "slurm"
+    ``settings`` (a grid's ``launch`` section merged with the command line) gives the
+    partition, account, QOS and array parallelism; the other arguments the resources.
+    """
+
+    waits_for_runs = False
+    writes_journal = True
+    tracks_pids = False
+    auto_priority = 0
+    auto_when = " if sbatch exists"
 
     def __init__(
         self,
         sweep_dir: Path,
+        settings: LaunchSettings | None = None,
         *,
-        partition: str | None = None,
-        account: str | None = None,
-        qos: str | None = None,
         time_min: int = 60,
         cpus_per_task: int = 1,
         gpus_per_task: int = 0,
         mem_gb: float | None = None,
-        array_parallelism: int | None = None,
         extra: dict[str, Any] | None = None,
         command: Callable[[Path], list[str]] = run_command,
         max_array_size: int | None = None,
@@ -278,6 +276,7 @@ class SlurmExecutor:
                 "sbatch not found on PATH: the slurm executor needs a SLURM client "
                 "(try slurm/local-cluster.sh up, or --executor local)"
             )
+        array_parallelism = settings.array_parallelism if settings else None
         _check_at_least("time_min", time_min, 1)
         _check_at_least("cpus_per_task", cpus_per_task, 1)
         _check_at_least("gpus_per_task", gpus_per_task, 0)
@@ -288,7 +287,7 @@ class SlurmExecutor:
         if mem_gb is not None and mem_gb <= 0:
             raise ValueError(f"mem_gb must be > 0, got {mem_gb}")
         self.sweep_dir = Path(sweep_dir).absolute()
-        self.folder = Path(sweep_dir) / "slurm"
+        self.folder = Path(sweep_dir) / SUBMITIT_FOLDER
         self.command = command
         self.array_parallelism = array_parallelism
         self.max_array_size = max_array_size
@@ -296,15 +295,82 @@ class SlurmExecutor:
         self.layouts = layouts or {}
         self.parameters = _sbatch_parameters(
             job_name=f"sweep-{Path(sweep_dir).name}",
-            partition=partition,
-            account=account,
-            qos=qos,
+            partition=settings.partition if settings else None,
+            account=settings.account if settings else None,
+            qos=settings.qos if settings else None,
             time_min=time_min,
             cpus_per_task=cpus_per_task,
             gpus_per_task=gpus_per_task,
             mem_gb=mem_gb,
             extra=extra,
         )
+
+    @classmethod
+    def detected(cls) -> bool:
+        return shutil.which("sbatch") is not None
+
+    @classmethod
+    def for_launch(
+        cls, sweep_dir: Path, settings: LaunchSettings, specs: list[RunSpec], hooks: LaunchHooks
+    ) -> SlurmExecutor:
+        """Executor-wide resources are the largest any run asks for; each run's own layout
+        (nodes x tasks, GPUs and CPUs per task) goes with it."""
+        if not slurm_available():
+            raise GridError(
+                "--executor slurm: no working SLURM here (sbatch not on PATH or "
+                "`scontrol ping` fails); use --executor local or ray"
+            )
+        return cls(
+            sweep_dir,
+            settings,
+            cpus_per_task=cpus_per_run(specs),
+            time_min=max(spec.resources.time_min for spec in specs),
+            gpus_per_task=max(spec.resources.gpus for spec in specs),
+            mem_gb=max((spec.resources.mem_gb or 0 for spec in specs), default=0) or None,
+            on_chunk=hooks.on_chunk,
+            layouts={
+                spec.run_id: TaskLayout(
+                    spec.resources.nodes,
+                    spec.resources.tasks_per_node,
+                    spec.resources.gpus,
+                    spec.resources.cpus,
+                )
+                for spec in specs
+            },
+        )
+
+    @classmethod
+    def for_sweep(cls, sweep_dir: Path) -> SlurmExecutor:
+        return cls(sweep_dir)
+
+    @classmethod
+    def check_cluster(cls, source: str, specs: list[RunSpec], settings: LaunchSettings) -> None:
+        """The partition, account and QOS exist for this user, and every run fits a node."""
+        from sweep.preflight import check_cluster
+
+        check_cluster(source, specs, settings.partition, settings.account, settings.qos)
+
+    @classmethod
+    def run_states(cls, sweep_dir: Path, submissions: list[Submission]) -> dict[str, str]:
+        """``query`` with a person's scancel read as ``cancelled``; {} without squeue."""
+        if not submissions or shutil.which("squeue") is None:
+            return {}
+        return cls(sweep_dir).query(submissions, run_answer)
+
+    @classmethod
+    def final_outcomes(cls, submissions: list[Submission]) -> dict[str, tuple[str, str]]:
+        """{run_id: (final SLURM state, exit code)} from one ``sacct`` call; {} without it."""
+        by_job = {str(sub.job_id): sub.run_id for sub in submissions if sub.job_id}
+        if not by_job or not shutil.which("sacct"):
+            return {}
+        arrays = sorted({job.split("_")[0] for job in by_job})
+        argv = ["sacct", "-n", "-P", "-X", "-o", "JobID,State,ExitCode", "-j", ",".join(arrays)]
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return {}
+        outcomes = parse_sacct(out).items()
+        return {by_job[job]: outcome for job, outcome in outcomes if job in by_job}
 
     def submit(
         self, run_dirs: list[Path], attempts: dict[str, int], journal: Journal | None = None
@@ -428,9 +494,22 @@ class SlurmExecutor:
             known = {**known, **squeue}
         return {run: answer(known.get(job, "")) for job, run in by_job.items()}
 
-    def cancel(self, submissions: list[Submission]) -> None:
-        """scancel the submissions' array tasks (finished ones are ignored by SLURM)."""
+    def cancel(self, submissions: list[Submission], *, kill: bool = False) -> None:
+        """scancel the submissions' array tasks (finished ones are ignored by SLURM); the
+        job's tasks get SIGTERM, then SIGKILL after the cluster's KillWait (``kill`` too)."""
         cancel_jobs([sub.job_id for sub in submissions if sub.job_id])
+
+
+def parse_sacct(text: str) -> dict[str, tuple[str, str]]:
+    """``JobID|State|ExitCode`` lines into {job id: (state, exit code)}; the last line for a
+    job wins (a requeued task appears once per attempt), "CANCELLED by 0" becomes CANCELLED."""
+    out: dict[str, tuple[str, str]] = {}
+    for line in text.splitlines():
+        parts = [part.strip() for part in line.split("|")]
+        if len(parts) < 3 or not parts[0]:
+            continue
+        out[parts[0]] = (parts[1].split(" ")[0], parts[2])
+    return out
 
 
 def jobs_by_comment(prefix: str) -> dict[str, list[str]] | None:
