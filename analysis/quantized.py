@@ -38,8 +38,9 @@ def quantized_envelope(runs: pd.DataFrame) -> pd.DataFrame:
         raise ValueError(
             "no run recorded val/loss_quantized: set train.quantized_eval (or train.lotion)"
         )
-    if "quantized_eval" not in done:
-        done = done.assign(quantized_eval="?")
+    # A loss without its format (a summary older than the quantized_eval column): "?".
+    formats = done.get("quantized_eval")
+    done = done.assign(quantized_eval="?" if formats is None else formats.fillna("?"))
     done = done.assign(method=training_method(done))
     keys = ["quantized_eval", "method", "config", "flops"]
     table = done.groupby(keys, as_index=False)[[LOSS, "final_val_loss"]].min()

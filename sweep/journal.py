@@ -34,7 +34,8 @@ from runfolder.atomic import atomic_write_json, read_json
 from runfolder.records import Submission
 from sweep.durable import record_submissions
 from sweep.errors import SweepError
-from sweep.executors.slurm import SUBMITIT_FOLDER, SlurmExecutor, cancel_jobs, jobs_by_comment
+from sweep.executors import slurm
+from sweep.executors.slurm import SUBMITIT_FOLDER, SlurmExecutor
 from sweep.store import SweepStore
 
 JOURNAL_DIR = "submissions"
@@ -165,7 +166,7 @@ def resolve_open(store: SweepStore, *, strict: bool) -> Resolution:
         resolution.adopted.append(intent["token"])
     unrecorded = [i for i in intents if i["state"] == OPEN]
     if unrecorded:
-        alive = jobs_by_comment(COMMENT_PREFIX)
+        alive = slurm.jobs_by_comment(COMMENT_PREFIX)
         if alive is None:
             if strict:
                 raise SweepError(
@@ -176,7 +177,7 @@ def resolve_open(store: SweepStore, *, strict: bool) -> Resolution:
             return resolution
         for intent in unrecorded:
             jobs = alive.get(COMMENT_PREFIX + intent["token"], [])
-            cancel_jobs(jobs)
+            slurm.cancel_jobs(jobs)
             resolution.cancelled_jobs += jobs
             intent.update(state=CANCELLED, cancelled_jobs=jobs)
             journal._write(intent)
