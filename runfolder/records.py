@@ -27,8 +27,9 @@ TERMINAL_STATES = ("done", "diverged")
 
 
 # Keys summaries written before the run-folder contract copied from the spec. A summary
-# holds results (and the run's id, kind, label and step target); readers take these from
-# spec.json, and an old summary that still holds them loads the same.
+# holds results (and the run's id, kind, label and step target); write_summary leaves these
+# out, readers take them from spec.json, and an old summary that still holds them loads
+# the same. The trainer's in-memory summary (train_run's return) still carries them.
 SUMMARY_FROM_SPEC = (
     "w_fmt",
     "a_fmt",
@@ -180,8 +181,10 @@ def write_state(run_dir: str | Path | RunPaths, marker: StateMarker) -> Path:
 
 
 def write_summary(run_dir: str | Path | RunPaths, summary: dict[str, Any]) -> Path:
-    """Write summary.json (the run, once it finished)."""
-    return atomic_write_json(run_paths(run_dir).summary, summary)
+    """Write summary.json (the run, once it finished): its results only, the keys that are
+    the spec's (SUMMARY_FROM_SPEC) left to spec.json."""
+    results = {key: value for key, value in summary.items() if key not in SUMMARY_FROM_SPEC}
+    return atomic_write_json(run_paths(run_dir).summary, results)
 
 
 def write_cancel(run_dir: str | Path | RunPaths, attempt: int, reason: str) -> Path:

@@ -208,6 +208,21 @@ def test_bad_resources_name_the_value(tmp_path: Path, monkeypatch: pytest.Monkey
         SlurmExecutor(tmp_path, mem_gb=-1)
 
 
+@pytest.mark.parametrize(("time_min", "warned_s"), [(1, 15), (4, 60), (6, 90), (600, 90)])
+def test_short_time_limits_are_warned_after_the_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, time_min: int, warned_s: int
+):
+    # submitit's fixed USR2@90 reaches a 1-minute job as it starts: it would checkpoint and
+    # requeue itself forever. The sbatch script submitit writes carries the clamped delay.
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    _fake_bin(tmp_path, monkeypatch, {"sbatch": "exit 1"})
+    executor = SlurmExecutor(tmp_path, time_min=time_min)
+    script = _make_sbatch_string(command="true", folder=tmp_path, **executor.parameters)
+    assert f"#SBATCH --signal=USR2@{warned_s}\n" in script
+    assert f"#SBATCH --time={time_min}\n" in script
+
+
 def test_unreachable_controller_reads_unknown_not_gone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):

@@ -144,3 +144,30 @@ def test_a_results_only_summary_loads_like_an_old_one(tmp_path: Path):
     pd.testing.assert_frame_equal(frames[0], frames[1])
     row = frames[1].iloc[0]
     assert (row["config"], row["seed"], row["budget"], row["d_model"]) == ("mine", 3, 1e12, 64)
+
+
+def test_a_real_run_writes_a_results_only_summary(tmp_path: Path):
+    from analysis.load import load_sweep_runs
+    from models.config import LMConfig, RunSpec, SyntheticData, TrainConfig
+    from mx.spec import PrecisionSpec
+    from runfolder.records import SUMMARY_FROM_SPEC
+    from sweep.run import execute
+
+    spec = RunSpec(
+        model=LMConfig(d_model=32, n_layers=1, head_dim=16, vocab_size=64, seq_len=16),
+        data=SyntheticData(order=1, branching=4),
+        train=TrainConfig(steps=4, batch_size=4, lr=3e-3, eval_every=4, checkpoint_every=4),
+        precision=PrecisionSpec(w_fmt="fp8_e4m3", a_fmt="fp8_e4m3"),
+        seed=7,
+        budget=1e9,
+    )
+    run_dir = tmp_path / "sweep" / "runs" / spec.run_id
+    run_dir.mkdir(parents=True)
+    (run_dir / "spec.json").write_text(spec.model_dump_json())
+    assert execute(run_dir) == 0
+    summary = read_json(RunPaths(run_dir).summary)
+    assert summary["state"] == "done" and summary["steps_done"] == 4
+    assert summary["config"] == "fp8_e4m3_fp8_e4m3" and summary["final_val_loss"] > 0
+    assert not set(summary) & set(SUMMARY_FROM_SPEC)
+    row = load_sweep_runs(tmp_path / "sweep").iloc[0]
+    assert (row["w_fmt"], row["seed"], row["budget"], row["d_model"]) == ("fp8_e4m3", 7, 1e9, 32)

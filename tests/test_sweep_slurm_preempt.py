@@ -103,6 +103,8 @@ def test_preempted_training_run_comes_back_by_its_own_requeue(
     assert 200 <= resumed_at < STEPS, starts
     steps = pq.read_table(run_dir / "metrics").to_pandas().query("name == 'train/loss'")["step"]
     assert not steps.duplicated().any() and set(steps) == {1, *range(5, STEPS + 1, 5)}
+    # A preemption is not a crash: the crash-retry budget is untouched.
+    assert (read_json(run_dir / "retries.json") or {}).get("crash_retries", 0) == 0
 
 
 def test_a_users_scancel_cancels_the_run_until_retry_failed(tmp_path: Path, repo_root: Path):

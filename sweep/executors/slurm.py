@@ -537,6 +537,13 @@ def _check_at_least(label: str, value: int, low: int) -> None:
         raise ValueError(f"{label} must be >= {low}, got {value}")
 
 
+def signal_delay_s(time_min: int) -> int:
+    """Seconds before its time limit that a task is warned (USR2) to checkpoint: submitit's
+    90 s, but at most a quarter of the limit, else a job of a minute or so is warned as it
+    starts and requeues itself without ever training."""
+    return min(90, time_min * 15)
+
+
 def _sbatch_parameters(
     *,
     job_name: str,
@@ -553,6 +560,7 @@ def _sbatch_parameters(
     params: dict[str, Any] = {
         "job_name": job_name,
         "time": time_min,
+        "signal_delay_s": signal_delay_s(time_min),
         "cpus_per_task": cpus_per_task,
         # Without --requeue a cluster with JobRequeue=0 refuses `scontrol requeue`.
         "additional_parameters": {"requeue": True, **(extra or {})},
