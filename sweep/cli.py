@@ -13,7 +13,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -23,6 +23,10 @@ from sweep.errors import GridError, SweepError
 from sweep.executors.registry import describe_choices
 from sweep.store import SweepStore
 from sweep.triage import HUNG_AFTER_S
+
+if TYPE_CHECKING:
+    from sweep.launch import LaunchOptions
+    from sweep.progress import LaunchProgress
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -46,6 +50,23 @@ AccountOpt = Annotated[str | None, typer.Option(help="SLURM account")]
 QosOpt = Annotated[str | None, typer.Option(help="SLURM QOS")]
 ArrayParallelismOpt = Annotated[int | None, typer.Option(help="SLURM %% limit")]
 RayAddressOpt = Annotated[str | None, typer.Option(help="Ray cluster (default local)")]
+
+
+SETTING_FLAGS = ("executor", "workers", "partition", "account", "qos", "array_parallelism",
+                 "ray_address")  # fmt: skip
+
+
+def _launch_options(
+    progress: LaunchProgress, flags: dict[str, Any], **behaviour: Any
+) -> LaunchOptions:
+    """LaunchOptions of a launching command: its setting flags (picked by name from
+    ``flags``, the command's locals) over the grid's, progress shown on ``progress``."""
+    from sweep.launch import LaunchOptions, command_line_settings
+
+    settings = command_line_settings(**{name: flags[name] for name in SETTING_FLAGS})
+    return LaunchOptions(
+        settings, on_event=progress.on_event, on_chunk=progress.on_chunk, **behaviour
+    )
 
 
 def _fail(message: str) -> None:
@@ -77,7 +98,6 @@ def launch(
     yes: Annotated[bool, typer.Option(help="go ahead beyond launch.max_runs points")] = False,
 ) -> None:
     """Expand GRID into runs and run those not yet finished (idempotent)."""
-    from sweep.launch import LaunchOptions, command_line_settings
     from sweep.launch import launch as do_launch
     from sweep.progress import LaunchProgress
 
@@ -86,22 +106,8 @@ def launch(
         return
     progress = LaunchProgress(console)
     try:
-        settings = command_line_settings(
-            executor=executor,
-            workers=workers,
-            partition=partition,
-            account=account,
-            qos=qos,
-            array_parallelism=array_parallelism,
-            ray_address=ray_address,
-        )
-        options = LaunchOptions(
-            settings,
-            retry_failed=retry_failed,
-            update_grid=update_grid,
-            on_event=progress.on_event,
-            on_chunk=progress.on_chunk,
-            yes=yes,
+        options = _launch_options(
+            progress, locals(), retry_failed=retry_failed, update_grid=update_grid, yes=yes
         )
         with progress:
             result = do_launch(grid, sweep_dir, options, on_start=progress.start)
@@ -406,27 +412,11 @@ def intervene(
     """Branch RUNS at a step with one precision change per arm; launch the arms as runs."""
     from sweep.intervene import intervene as do_intervene
     from sweep.intervene import parse_arms, unstable_runs
-    from sweep.launch import LaunchOptions, command_line_settings
     from sweep.progress import LaunchProgress
 
     progress = LaunchProgress(console)
     try:
-        settings = command_line_settings(
-            executor=executor,
-            workers=workers,
-            partition=partition,
-            account=account,
-            qos=qos,
-            array_parallelism=array_parallelism,
-            ray_address=ray_address,
-        )
-        options = LaunchOptions(
-            settings,
-            retry_failed=retry_failed,
-            dry_run=dry_run,
-            on_event=progress.on_event,
-            on_chunk=progress.on_chunk,
-        )
+        options = _launch_options(progress, locals(), retry_failed=retry_failed, dry_run=dry_run)
         arm_names = parse_arms(arms)
         parents = list(runs or [])
         if unstable:

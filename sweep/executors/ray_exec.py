@@ -88,7 +88,8 @@ class RayExecutor(BaseExecutor):
     ) -> RayExecutor:
         return cls(
             address=settings.ray_address,
-            num_cpus=settings.workers,
+            # `workers` sizes a local Ray; a cluster (a grid's workers, an address) has its own.
+            num_cpus=None if settings.ray_address else settings.workers,
             cpus_per_run=cpus_per_run(specs),
             on_event=hooks.on_event,
             sweep_dir=sweep_dir,
