@@ -191,10 +191,11 @@ class SweepStore:
         absent, a run whose spec is missing while other files exist is ``incomplete``, and
         an unfinished run whose current attempt was cancelled is ``cancelled``."""
         run_dir = self.runs_dir / run_id
-        spec = read_spec(run_dir) or {}
-        submitted = read_submitted(run_dir)
-        marker = effective_marker(read_state(run_dir), submitted, read_cancel(run_dir))
-        summary = read_summary(run_dir)
+        paths = RunPaths(run_dir)  # once: status builds these for every run of a big sweep
+        spec = read_spec(paths) or {}
+        submitted = read_submitted(paths)
+        marker = effective_marker(read_state(paths), submitted, read_cancel(paths))
+        summary = read_summary(paths)
         state = derive_state(marker, submitted, None, now)
         if not spec and state not in TERMINAL_STATES and (marker or submitted):
             state = "incomplete"
