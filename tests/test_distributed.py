@@ -225,21 +225,26 @@ def test_ddp_run_from_the_local_executor_follows_the_single_process_run(tmp_path
 
 
 @pytest.mark.slow
-def test_fsdp_run_under_torchrun_follows_the_single_process_run(tmp_path, reference):
-    # FSDP sums the gradient norm from shards, so with clipping its last bit can differ and
-    # MX rounding can grow that over many steps: compared without clipping (bit for bit
-    # here); the preemption tests below compare FSDP with clipping in fp32.
-    spec = make_spec(tasks=2, strategy="fsdp", grad_clip=0.0)
-    run_dir = write_run(tmp_path, spec)
+def run_torchrun(run_dir: Path, processes: int = 2) -> None:
+    """`sweep run` of ``run_dir`` under torchrun on this host; fails the test on an error."""
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     result = subprocess.run(
-        [*torchrun, "--nproc-per-node", "2", "-m", "sweep.run", str(run_dir)],
+        [*torchrun, "--nproc-per-node", str(processes), "-m", "sweep.run", str(run_dir)],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_fsdp_run_under_torchrun_follows_the_single_process_run(tmp_path, reference):
+    # FSDP sums the gradient norm from shards, so with clipping its last bit can differ and
+    # MX rounding can grow that over many steps: compared without clipping (bit for bit
+    # here); the preemption tests below compare FSDP with clipping in fp32.
+    spec = make_spec(tasks=2, strategy="fsdp", grad_clip=0.0)
+    run_dir = write_run(tmp_path, spec)
+    run_torchrun(run_dir)
     assert_same_trajectory(run_dir, reference(spec))
 
 

@@ -4,11 +4,14 @@ single-process metrics, val/loss_quantized and lotion/penalty included."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
-from test_distributed import ROOT, assert_same_trajectory, make_spec, reference, write_run
+from test_distributed import (
+    assert_same_trajectory,
+    make_spec,
+    reference,
+    run_torchrun,
+    write_run,
+)
 
 __all__ = ["reference"]  # the fixture, used below
 
@@ -25,13 +28,5 @@ def test_fsdp_quantized_eval_follows_the_single_process_run(tmp_path, reference,
     assert {s for (n, s) in expected if n == "val/loss_quantized"} == {10, 20}
     assert any(n == "lotion/penalty" for n, _ in expected) == (lotion == "second_order")
     run_dir = write_run(tmp_path, spec)
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    result = subprocess.run(
-        [*torchrun, "--nproc-per-node", "2", "-m", "sweep.run", str(run_dir)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_torchrun(run_dir)
     assert_same_trajectory(run_dir, expected)
